@@ -1,0 +1,5 @@
+import sys
+
+from compressor.cli import main
+
+sys.exit(main())

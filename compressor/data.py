@@ -1,0 +1,196 @@
+"""Datasets for recipes: the offline digits default and user image folders.
+
+The embedded default needs no network: scikit-learn's bundled digits (1,797 real 8x8 handwritten
+digits). Classes 0-7 are in-distribution; digits 8-9 are semantic OOD; corrupted test digits
+(noise, blur, rotation) are shifted data; crops of scikit-learn's bundled sample photos are far OOD.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
+
+DIGITS_MEAN, DIGITS_STD = 0.3, 0.4
+
+
+@dataclass
+class DataBundle:
+    """Everything a recipe's steps read: splits, OOD sets and shifted sets."""
+
+    train: Dataset
+    val: Dataset
+    test: Dataset
+    ood: dict[str, Dataset] = field(default_factory=dict)
+    shift: dict[str, Dataset] = field(default_factory=dict)
+    class_names: list[str] = field(default_factory=list)
+    in_chans: int = 1
+    img_size: int = 16
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+
+def _prepare(images: np.ndarray, img_size: int) -> torch.Tensor:
+    """8x8 digits in 0..16 -> [N, 1, img_size, img_size] normalised float tensors."""
+    x = torch.as_tensor(images, dtype=torch.float32).reshape(-1, 1, 8, 8) / 16.0
+    if img_size != 8:
+        x = F.interpolate(x, size=(img_size, img_size), mode="bilinear", align_corners=False)
+    return (x - DIGITS_MEAN) / DIGITS_STD
+
+
+def _split(n: int, fractions: Sequence[float], seed: int) -> list[np.ndarray]:
+    order = np.random.default_rng(seed).permutation(n)
+    cuts = np.cumsum([int(round(f * n)) for f in fractions[:-1]])
+    return np.split(order, cuts)
+
+
+def corrupt(x: torch.Tensor, kind: str, seed: int = 0) -> torch.Tensor:
+    """Shifted copies of normalised digit images: 'noise', 'blur' or 'rotate'."""
+    g = torch.Generator().manual_seed(seed)
+    if kind == "noise":
+        return x + 0.8 * torch.randn(x.shape, generator=g)
+    if kind == "blur":
+        k = torch.tensor([1.0, 4.0, 6.0, 4.0, 1.0])
+        k = (k[:, None] * k[None, :]) / 256.0
+        pad = F.pad(x, (2, 2, 2, 2), mode="replicate")
+        return F.conv2d(pad, k[None, None].to(x.dtype))
+    if kind == "rotate":
+        angle = (torch.rand(x.shape[0], generator=g) * 2 - 1) * (np.pi / 4)
+        cos, sin = torch.cos(angle), torch.sin(angle)
+        theta = torch.stack(
+            [torch.stack([cos, -sin, torch.zeros_like(cos)], 1), torch.stack([sin, cos, torch.zeros_like(cos)], 1)], 1
+        )
+        grid = F.affine_grid(theta, list(x.shape), align_corners=False)
+        background = -DIGITS_MEAN / DIGITS_STD
+        return F.grid_sample(x - background, grid, align_corners=False) + background
+    raise ValueError(f"unknown corruption '{kind}'; choices: noise, blur, rotate")
+
+
+def photo_crops(n: int, img_size: int, seed: int = 0) -> torch.Tensor:
+    """Grey 8x8 crops of scikit-learn's bundled sample photos, scaled like digits (far OOD)."""
+    from sklearn.datasets import load_sample_images
+
+    photos = [img.mean(axis=2) for img in load_sample_images().images]
+    rng = np.random.default_rng(seed)
+    crops = []
+    for i in range(n):
+        p = photos[i % len(photos)]
+        size = int(rng.integers(16, 96))
+        r, c = rng.integers(0, p.shape[0] - size), rng.integers(0, p.shape[1] - size)
+        crop = torch.as_tensor(p[r : r + size, c : c + size], dtype=torch.float32)[None, None]
+        crop = F.interpolate(crop, size=(8, 8), mode="area")[0, 0]
+        crops.append(crop / 255.0 * 16.0)
+    return _prepare(torch.stack(crops).numpy(), img_size)
+
+
+def digits_bundle(
+    img_size: int = 16,
+    in_classes: Sequence[int] = tuple(range(8)),
+    seed: int = 0,
+    corruptions: Sequence[str] = ("noise", "blur", "rotate"),
+    n_photo_crops: int = 300,
+) -> DataBundle:
+    """The embedded default: digits 0-7 in-distribution, 8-9 OOD, corrupted and photo sets."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images, labels = digits.images, digits.target
+    in_classes = list(in_classes)
+    is_in = np.isin(labels, in_classes)
+    remap = {c: i for i, c in enumerate(in_classes)}
+    x_in = _prepare(images[is_in], img_size)
+    y_in = torch.as_tensor([remap[int(c)] for c in labels[is_in]], dtype=torch.long)
+    tr, va, te = _split(len(y_in), (0.6, 0.15, 0.25), seed)
+    test_x, test_y = x_in[te], y_in[te]
+    x_out = _prepare(images[~is_in], img_size)
+    ood = {
+        "digits_" + "".join(str(c) for c in sorted(set(range(10)) - set(in_classes))): TensorDataset(x_out),
+        "photos": TensorDataset(photo_crops(n_photo_crops, img_size, seed)),
+    }
+    shift = {k: TensorDataset(corrupt(test_x, k, seed), test_y) for k in corruptions}
+    return DataBundle(
+        train=TensorDataset(x_in[tr], y_in[tr]),
+        val=TensorDataset(x_in[va], y_in[va]),
+        test=TensorDataset(test_x, test_y),
+        ood=ood,
+        shift=shift,
+        class_names=[str(c) for c in in_classes],
+        in_chans=1,
+        img_size=img_size,
+    )
+
+
+def image_folder_bundle(
+    root: str, model: torch.nn.Module, ood_roots: Sequence[str] = (), val_fraction: float = 0.1, seed: int = 0
+) -> DataBundle:
+    """A user's image folder (`root/train/<class>/*`, `root/val/<class>/*`) read with torchvision.
+
+    Transforms follow the model's timm data config, so a pretrained timm model sees what it expects.
+    `ood_roots` are folders of images (any class layout) used as OOD sets.
+    """
+    import timm.data
+    from torchvision.datasets import ImageFolder
+
+    cfg = timm.data.resolve_data_config({}, model=model)
+    tf_eval = timm.data.create_transform(**cfg, is_training=False)
+    tf_train = timm.data.create_transform(**cfg, is_training=True)
+    root_p = Path(root)
+    train = ImageFolder(str(root_p / "train"), transform=tf_train)
+    test = ImageFolder(str(root_p / "val"), transform=tf_eval)
+    val_idx, tr_idx = _split(len(train), (val_fraction, 1 - val_fraction), seed)
+    val_full = ImageFolder(str(root_p / "train"), transform=tf_eval)
+    ood = {Path(r).name: _Unlabelled(ImageFolder(r, transform=tf_eval)) for r in ood_roots}
+    return DataBundle(
+        train=Subset(train, tr_idx.tolist()),
+        val=Subset(val_full, val_idx.tolist()),
+        test=test,
+        ood=ood,
+        class_names=list(train.classes),
+        in_chans=int(cfg["input_size"][0]),
+        img_size=int(cfg["input_size"][-1]),
+    )
+
+
+class _Unlabelled(Dataset):
+    def __init__(self, ds: Dataset) -> None:
+        self.ds = ds
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor]:
+        return (self.ds[i][0],)
+
+
+def loader(ds: Dataset, batch_size: int, shuffle: bool = False, seed: int = 0) -> DataLoader:
+    """A DataLoader with a seeded shuffle, so runs are reproducible."""
+    g = torch.Generator().manual_seed(seed)
+    return DataLoader(ds, batch_size=batch_size, shuffle=shuffle, generator=g, drop_last=False)
+
+
+def batches(ds: Dataset, batch_size: int, limit: int | None = None) -> list[tuple[torch.Tensor, ...]]:
+    """Materialise up to `limit` samples of `ds` as a list of batches (calibration sets)."""
+    if limit is not None and limit < len(ds):
+        ds = Subset(ds, list(range(limit)))
+    return [tuple(b) for b in loader(ds, batch_size)]
+
+
+def bootstrap(batch_list: Sequence[tuple[torch.Tensor, ...]], seed: int) -> list[tuple[torch.Tensor, ...]]:
+    """Resample the samples of `batch_list` with replacement, keeping the batch sizes."""
+    cols = [torch.cat(c) for c in zip(*batch_list)]
+    n = cols[0].shape[0]
+    idx = torch.randint(0, n, (n,), generator=torch.Generator().manual_seed(seed))
+    sizes = [b[0].shape[0] for b in batch_list]
+    return [tuple(c[chunk] for c in cols) for chunk in torch.split(idx, sizes)]
+
+
+def iterate_inputs(batch_list: Sequence[tuple[torch.Tensor, ...]]) -> Iterator[torch.Tensor]:
+    for b in batch_list:
+        yield b[0]

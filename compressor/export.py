@@ -1,0 +1,135 @@
+"""Export a compressed model to a folder, and load it back with one call and no recipe.
+
+A folder holds `model.safetensors` (weights, never pickle), `config.json` (architecture, members,
+masks, MLP mode, class names, library versions) and `masks.json`. The folder is written under a
+temporary name and renamed into place, so an interrupted export leaves no half-written folder.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from compressor.io import atomic_dir
+from compressor.masks import HeadMask, save_masks
+from compressor.weights import WeightsError, load_weights, save_weights
+
+FORMAT = "compressor.export/1"
+
+
+class ExportError(ValueError):
+    """An export folder that cannot be loaded."""
+
+
+def library_versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for pkg in ("compressor", "torch", "timm", "transformers", "safetensors"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def describe(model: nn.Module, base_info: dict) -> dict:
+    """The architecture part of config.json for a merged model."""
+    from mergers.hydra.model import HydraViT
+
+    if isinstance(model, HydraViT):
+        return {
+            "kind": "hydra",
+            "family": "timm_vit",
+            "hydra_spec": model.spec.to_dict(),
+            "members": model.members,
+            "mlp_mode": model.spec.mlp_mode,
+        }
+    from compressor.adapters import get_adapter
+
+    adapter = get_adapter(model)
+    return {"kind": "plain", "family": adapter.family, "members": 1, "heads": adapter.heads_per_block()}
+
+
+def export_model(
+    model: nn.Module,
+    out_dir: str | Path,
+    base_info: dict,
+    masks: Sequence[HeadMask] | None = None,
+    class_names: Sequence[str] = (),
+    onnx_input: torch.Tensor | None = None,
+) -> Path:
+    """Write the export folder for `model`; `base_info` says how to rebuild the base architecture."""
+    out_dir = Path(out_dir)
+    config = {
+        "format": FORMAT,
+        **describe(model, base_info),
+        "base": base_info,
+        "class_names": list(class_names),
+        "versions": library_versions(),
+        "masks": [m.to_dict() for m in masks] if masks else None,
+    }
+    with atomic_dir(out_dir) as tmp:
+        save_weights(model.state_dict(), tmp / "model.safetensors", metadata={"format": FORMAT})
+        (tmp / "config.json").write_text(json.dumps(config, indent=1))
+        if masks:
+            save_masks(tmp / "masks.json", masks)
+        if onnx_input is not None:
+            from compressor.onnx_export import export_onnx
+
+            export_onnx(model, onnx_input, tmp / "model.onnx")
+    return out_dir
+
+
+def _read_config(path: Path) -> dict:
+    cfg_path = path / "config.json"
+    if not cfg_path.is_file():
+        raise ExportError(f"{cfg_path}: missing; expected an export folder written by the export step")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ExportError(f"{cfg_path}: not valid JSON ({e})") from e
+    if cfg.get("format") != FORMAT:
+        raise ExportError(f"{cfg_path}: format: expected '{FORMAT}', got {cfg.get('format')!r}")
+    return cfg
+
+
+def build_plain_timm(base: dict, heads: Sequence[int]) -> nn.Module:
+    """An empty timm model of the exported architecture with `heads[b]` heads in block b."""
+    import timm
+
+    from compressor.adapters import get_adapter
+
+    model = timm.create_model(base["name"], pretrained=False, **base["kwargs"])
+    adapter = get_adapter(model)
+    for b, h in enumerate(heads):
+        if h < adapter.num_heads(b):
+            adapter.prune_heads_(b, list(range(h)))
+    return model
+
+
+def load_export(path: str | Path, map_location: str = "cpu") -> nn.Module:
+    """Rebuild the exported model (eval mode) from its folder; no recipe, no pickle."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ExportError(f"{path}: no such export folder")
+    cfg = _read_config(path)
+    if cfg["kind"] == "hydra":
+        from mergers.hydra.model import HydraSpec, HydraViT
+
+        model = HydraViT(HydraSpec.from_dict(cfg["hydra_spec"]))
+    elif cfg["kind"] == "plain" and cfg["family"] == "timm_vit":
+        model = build_plain_timm(cfg["base"], cfg["heads"])
+    else:
+        raise ExportError(f"{path / 'config.json'}: kind/family: unsupported '{cfg['kind']}'/'{cfg.get('family')}'")
+    state = load_weights(path / "model.safetensors", device=map_location)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise WeightsError(f"{path / 'model.safetensors'}: weights do not fit config.json ({e})") from e
+    model.class_names = cfg.get("class_names") or []
+    return model.to(map_location).eval()

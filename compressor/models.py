@@ -1,0 +1,54 @@
+"""Base models for recipes: timm models (pretrained, local weights, or trained here)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from compressor.data import DataBundle
+from compressor.training import TrainConfig, train
+from compressor.weights import load_weights, save_weights
+
+
+def create_timm(name: str, kwargs: dict, num_classes: int, in_chans: int, pretrained: bool = False) -> nn.Module:
+    """timm.create_model with the data's class count and channels; a clear error for bad names."""
+    import timm
+
+    if not timm.is_model(name):
+        close = timm.list_models(f"*{name.split('_')[0]}*")[:8]
+        raise ValueError(
+            f"model.name: unknown timm model '{name}'" + (f"; similar: {', '.join(close)}" if close else "")
+        )
+    args = {"num_classes": num_classes, "in_chans": in_chans, **kwargs}
+    return timm.create_model(name, pretrained=pretrained, **args)
+
+
+def _cache_key(model_cfg: dict, data_cfg: dict, seed: int) -> str:
+    blob = json.dumps({"model": model_cfg, "data": data_cfg, "seed": seed}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def build_base(model_cfg: dict, data: DataBundle, data_cfg: dict, seed: int, cache_dir: Path | None) -> nn.Module:
+    """The recipe's base model: created by timm, loaded from a checkpoint and/or trained here."""
+    torch.manual_seed(seed)
+    model = create_timm(
+        model_cfg["name"], model_cfg["kwargs"], data.num_classes, data.in_chans, pretrained=model_cfg["pretrained"]
+    )
+    if model_cfg["checkpoint"]:
+        model.load_state_dict(load_weights(model_cfg["checkpoint"]))
+    tb = model_cfg.get("train_base")
+    if tb:
+        key = _cache_key(model_cfg, data_cfg, seed)
+        cached = cache_dir / f"base-{key}.safetensors" if cache_dir is not None and tb.get("cache", True) else None
+        if cached is not None and cached.is_file():
+            model.load_state_dict(load_weights(cached))
+        else:
+            cfg = TrainConfig(**{k: v for k, v in tb.items() if k != "cache"}, seed=seed)
+            train(model, data.train, data.val, cfg, desc=f"train base (seed {seed})")
+            if cached is not None:
+                save_weights(model.state_dict(), cached)
+    return model.eval()

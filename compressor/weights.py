@@ -1,0 +1,33 @@
+"""Weights on disk: safetensors only (never pickle), written atomically."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from compressor.io import atomic_path
+
+
+class WeightsError(ValueError):
+    """A weights file that is missing, corrupt or does not fit the model."""
+
+
+def save_weights(state: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None) -> None:
+    """Save a state dict as safetensors (contiguous copies; shared tensors duplicated)."""
+    tensors = {k: v.detach().contiguous().clone() for k, v in state.items()}
+    with atomic_path(Path(path)) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
+
+
+def load_weights(path: str | Path, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """Load a safetensors file; errors name the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise WeightsError(f"{path}: no such weights file")
+    try:
+        return load_file(str(path), device=device)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise WeightsError(f"{path}: not a valid safetensors file ({e})") from e

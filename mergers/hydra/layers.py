@@ -1,0 +1,191 @@
+"""Building blocks of the fused ensemble: every layer maps M member streams side by side.
+
+Streams have shape [M, B, T, D]; member m's stream is x[m]. Member streams never mix: every
+layer here is block-diagonal over members, so the fused model is M independent models computed
+together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class GroupedLinear(nn.Module):
+    """M independent Linear maps whose group widths may differ, computed as one batched matmul.
+
+    Weights are stored padded, weight [M, max_in, max_out] (transposed for `baddbmm`). Member m
+    reads the input features where `in_mask[m]` is True and writes the outputs where `out_mask[m]`
+    is True (by default the first in_features[m] / out_features[m]). Every other entry is zero and
+    stays zero (a fixed mask multiplies the weight when there is any padding), so padded outputs
+    are exactly 0 and padded inputs are ignored.
+    """
+
+    def __init__(
+        self,
+        in_features: Sequence[int],
+        out_features: Sequence[int],
+        bias: bool = True,
+        out_mask: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__()
+        if len(in_features) != len(out_features):
+            raise ValueError("in_features and out_features must list one width per member")
+        m = len(in_features)
+        i_max = max(in_features)
+        in_mask = torch.arange(i_max)[None, :] < torch.as_tensor(list(in_features))[:, None]
+        if out_mask is None:
+            o_max = max(out_features)
+            out_mask = torch.arange(o_max)[None, :] < torch.as_tensor(list(out_features))[:, None]
+        self.register_buffer("in_mask", in_mask, persistent=False)
+        self.register_buffer("out_mask", out_mask.bool(), persistent=False)
+        self.weight = nn.Parameter(torch.zeros(m, i_max, out_mask.shape[1]))
+        self.bias = nn.Parameter(torch.zeros(m, 1, out_mask.shape[1])) if bias else None
+        self.padded = not bool(in_mask.all() and out_mask.all())
+        if self.padded:
+            self.register_buffer("weight_mask", (in_mask[:, :, None] & out_mask[:, None, :]).float(), persistent=False)
+
+    @property
+    def members(self) -> int:
+        return self.weight.shape[0]
+
+    def set_member(self, m: int, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        """Load member m from a Linear-style weight [out, in] (and bias [out])."""
+        ins, outs = torch.nonzero(self.in_mask[m]).flatten(), torch.nonzero(self.out_mask[m]).flatten()
+        if tuple(weight.shape) != (outs.numel(), ins.numel()):
+            raise ValueError(f"member {m}: expected weight [{outs.numel()}, {ins.numel()}], got {list(weight.shape)}")
+        with torch.no_grad():
+            self.weight[m].zero_()
+            self.weight[m][ins[:, None], outs[None, :]] = weight.t().to(self.weight.dtype)
+            if self.bias is not None:
+                self.bias[m].zero_()
+                if bias is not None:
+                    self.bias[m, 0, outs] = bias.to(self.bias.dtype)
+
+    def member_weight(self, m: int) -> torch.Tensor:
+        """Member m's weight as a Linear holds it, [out, in]."""
+        ins, outs = torch.nonzero(self.in_mask[m]).flatten(), torch.nonzero(self.out_mask[m]).flatten()
+        return self.weight[m][ins[:, None], outs[None, :]].t()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [M, N, max_in] -> [M, N, max_out]."""
+        w = self.weight * self.weight_mask if self.padded else self.weight
+        if self.bias is None:
+            return torch.bmm(x, w)
+        b = self.bias * self.out_mask[:, None, :].to(self.bias.dtype) if self.padded else self.bias
+        return torch.baddbmm(b, x, w)
+
+    def extra_repr(self) -> str:
+        return f"members={self.members}, in={self.weight.shape[1]}, out={self.weight.shape[2]}, padded={self.padded}"
+
+
+class MemberAffine(nn.Module):
+    """Per-member elementwise scale and shift over the last dim: weight, bias [M, D]."""
+
+    def __init__(self, members: int, dim: int, bias: bool = True) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(members, dim))
+        self.bias = nn.Parameter(torch.zeros(members, dim)) if bias else None
+
+    def _view(self, t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return t.view(t.shape[0], *([1] * (x.dim() - 2)), t.shape[1])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x * self._view(self.weight, x)
+        return x + self._view(self.bias, x) if self.bias is not None else x
+
+
+class MemberLayerNorm(nn.Module):
+    """LayerNorm over the last dim with a different affine per member (x: [M, ...])."""
+
+    def __init__(self, members: int, dim: int, eps: float = 1e-6, bias: bool = True) -> None:
+        super().__init__()
+        self.dim, self.eps = dim, eps
+        self.affine = MemberAffine(members, dim, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.affine(F.layer_norm(x, (self.dim,), None, None, self.eps))
+
+
+class HydraAttention(nn.Module):
+    """Fused multi-member attention: grouped QKV, ONE scaled_dot_product_attention, grouped proj.
+
+    heads[m] is the number of heads member m keeps (may differ). Heads are laid out per member,
+    padded to max(heads); padded heads have all-zero Q/K/V (their output is exactly 0) and zero
+    output-projection rows, so they change nothing.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        heads: Sequence[int],
+        head_dim: int,
+        qkv_bias: bool = True,
+        proj_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.heads = [int(h) for h in heads]
+        self.head_dim = head_dim
+        self.max_heads = max(self.heads)
+        m = len(self.heads)
+        # member m's q/k/v outputs live at [s, j, :] for s in q,k,v and its heads j < heads[m]
+        head_ok = torch.arange(self.max_heads)[None, :] < torch.as_tensor(self.heads)[:, None]  # [M, h]
+        out_mask = head_ok[:, None, :, None].expand(m, 3, self.max_heads, head_dim).reshape(m, -1)
+        self.qkv = GroupedLinear([dim] * m, [3 * self.max_heads * head_dim] * m, bias=qkv_bias, out_mask=out_mask)
+        self.proj = GroupedLinear([h * head_dim for h in self.heads], [dim] * m, bias=proj_bias)
+        self.attn_drop = attn_drop
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        m, b, t, d = x.shape
+        h, hd = self.max_heads, self.head_dim
+        qkv = self.qkv(x.reshape(m, b * t, d))  # [M, B*T, 3*h*hd]; per member: [3, heads, hd] padded
+        qkv = self._to_heads(qkv, m, b, t)  # [3, M*B, h, T, hd]
+        q, k, v = qkv.unbind(0)
+        o = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
+        o = o.transpose(1, 2).reshape(m, b * t, h * hd)
+        return self.proj_drop(self.proj(o).view(m, b, t, d))
+
+    def _to_heads(self, qkv: torch.Tensor, m: int, b: int, t: int) -> torch.Tensor:
+        return (
+            qkv.view(m, b, t, 3, self.max_heads, self.head_dim)
+            .permute(3, 0, 1, 4, 2, 5)
+            .reshape(3, m * b, self.max_heads, t, self.head_dim)
+        )
+
+
+class HydraMLP(nn.Module):
+    """Per-member MLPs of possibly different widths as two GroupedLinear layers."""
+
+    def __init__(self, dim: int, hidden: Sequence[int], act: nn.Module, bias: bool = True, drop: float = 0.0) -> None:
+        super().__init__()
+        self.hidden = [int(h) for h in hidden]
+        m = len(self.hidden)
+        self.fc1 = GroupedLinear([dim] * m, self.hidden, bias=bias)
+        self.act = act
+        self.drop = nn.Dropout(drop)
+        self.fc2 = GroupedLinear(self.hidden, [dim] * m, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        m, b, t, d = x.shape
+        y = self.drop(self.act(self.fc1(x.reshape(m, b * t, d))))
+        return self.drop(self.fc2(y)).view(m, b, t, d)
+
+
+class SharedMLP(nn.Module):
+    """One MLP applied to every member stream (the paper's averaged-MLP mode)."""
+
+    def __init__(self, dim: int, hidden: int, act: nn.Module, bias: bool = True, drop: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden, bias=bias)
+        self.act = act
+        self.drop = nn.Dropout(drop)
+        self.fc2 = nn.Linear(hidden, dim, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))

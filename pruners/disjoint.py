@@ -1,0 +1,57 @@
+"""Disjoint subsets: every head of every block goes to exactly one member."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from compressor.adapters import ModelAdapter
+from compressor.masks import HeadMask
+from compressor.registry import register_pruner, resolve
+from pruners.base import Batch, Pruner
+
+
+@register_pruner("disjoint")
+class DisjointPruner(Pruner):
+    """Partition each block's heads across members, round-robin by rank (random or scored)."""
+
+    def __init__(self, rank_by: str | None = None, rank_options: dict | None = None, **kwargs) -> None:
+        kwargs.setdefault("keep_ratio", 1.0)
+        super().__init__(**kwargs)
+        self.rank_by = rank_by
+        self.rank_options = dict(rank_options or {})
+
+    def block_ranks(
+        self, adapter: ModelAdapter, calibration: Sequence[Batch], heldout: Sequence[Batch] | None
+    ) -> list[torch.Tensor]:
+        """Head order per block, most important first (a seeded permutation without rank_by)."""
+        if self.rank_by is None:
+            g = torch.Generator().manual_seed(self.seed)
+            return [torch.randperm(h, generator=g) for h in adapter.heads_per_block()]
+        opts = {"seed": self.seed, **self.rank_options, "members": 1, "diversity": "none", "keep_ratio": 1.0}
+        ranker = resolve("pruner", self.rank_by)(**opts)
+        was_training = adapter.model.training
+        adapter.model.eval()
+        try:
+            scores = ranker.head_scores(adapter, calibration, heldout)
+        finally:
+            adapter.model.train(was_training)
+        self.last_scores = [scores] * self.members
+        return [torch.argsort(-s.double(), stable=True) for s in scores]
+
+    def prune(
+        self, adapter: ModelAdapter, calibration: Sequence[Batch] = (), heldout: Sequence[Batch] | None = None
+    ) -> list[HeadMask]:
+        ranks = self.block_ranks(adapter, calibration, heldout)
+        masks = []
+        for m in range(self.members):
+            blocks = []
+            for order in ranks:
+                share = order[m :: self.members]  # round-robin: members get equally strong heads
+                k = len(share) if self.keep_ratios[m] >= 1.0 else max(1, int(round(self.keep_ratios[m] * len(share))))
+                keep = torch.zeros(order.numel(), dtype=torch.bool)
+                keep[share[:k]] = True
+                blocks.append(keep)
+            masks.append(HeadMask(tuple(blocks)))
+        return self.check(masks, adapter)

@@ -1,0 +1,110 @@
+"""`compressor` end to end, as a user runs it: real subprocesses, real files."""
+
+import json
+
+import torch
+from PIL import Image
+
+import compressor
+from compressor.data import digits_bundle
+
+from .helpers import ROOT, SMALL, run_cli
+
+PLUGINS = ROOT / "tests" / "plugins"
+
+
+def test_list_and_help(tmp_path):
+    out = run_cli(["list"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    for name in ("magnitude", "taylor", "gradient_free", "random", "disjoint", "hydra", "plain"):
+        assert f"  {name} " in out.stdout
+    helptext = run_cli(["apply", "--help"], tmp_path).stdout
+    assert "--set KEY.PATH=VALUE" in helptext and "--out DIR" in helptext
+
+
+def test_validate_reports_errors_before_work(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((ROOT / "recipes" / "vit_prune.yaml").read_text().replace("gradient_free", "gradient_freee"))
+    out = run_cli(["apply", str(bad)], tmp_path)
+    assert out.returncode == 2
+    assert "bad.yaml: steps[0].prune.pruner: unknown pruner 'gradient_freee'; choices:" in out.stderr
+    assert not (tmp_path / "runs").exists(), "nothing may run before validation passes"
+    assert run_cli(["validate", str(ROOT / "recipes" / "vit_hydra.yaml")], tmp_path).returncode == 0
+
+
+def test_apply_vit_prune_end_to_end(tmp_path):
+    out_dir = tmp_path / "run"
+    args = [
+        "apply",
+        str(ROOT / "recipes" / "vit_prune.yaml"),
+        "--out",
+        str(out_dir),
+        *SMALL,
+        "--set",
+        "steps.2.finetune.steps=4",
+    ]
+    out = run_cli(args, tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for f in (
+        "masks.json",
+        "metrics.json",
+        "metrics.md",
+        "report.md",
+        "export/model.safetensors",
+        "export/config.json",
+        "plots/reliability_plain.png",
+        "plots/head_importance.png",
+    ):
+        assert (out_dir / f).is_file(), f
+    metrics = json.loads((out_dir / "metrics.json").read_text())
+    assert {"plain", "base"} <= set(metrics["summary"])
+    for key in ("accuracy", "nll", "ece", "brier", "auroc_msp", "fpr95_msp"):
+        assert key in metrics["summary"]["plain"]
+    Image.open(out_dir / "plots" / "reliability_plain.png").verify()
+    # the export loads with one call, no recipe, and is physically smaller
+    model = compressor.load(out_dir / "export")
+    assert [b.attn.num_heads for b in model.blocks] == [2, 2]
+    x = digits_bundle().test[:4][0]
+    assert model(x).shape == (4, 8)
+    assert "Hydra" not in type(model).__name__ and isinstance(model, torch.nn.Module)
+
+
+def _plugin_recipe(tmp_path, pruner: str):
+    text = (ROOT / "recipes" / "vit_hydra.yaml").read_text()
+    text = text.replace("pruner: taylor", f"pruner: {pruner}\n      n: 2").replace("      keep_ratio: 0.5\n", "")
+    text = text.replace("      diversity: bootstrap\n", "")
+    p = tmp_path / "plugin.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_custom_pruner_by_import_path(tmp_path):
+    recipe = _plugin_recipe(tmp_path, "my_pruners:KeepFirstHeads")
+    args = [
+        "apply",
+        str(recipe),
+        "--out",
+        str(tmp_path / "run"),
+        *SMALL,
+        "--set",
+        "steps.2.finetune.steps=2",
+        "--set",
+        "steps.3.evaluate.plots=false",
+    ]
+    out = run_cli(args, tmp_path, extra_path=[PLUGINS])
+    assert out.returncode == 0, out.stderr[-3000:]
+    masks = json.loads((tmp_path / "run" / "masks.json").read_text())["members"]
+    assert [m["kept"][0] for m in masks] == [[0, 1], [1, 2], [2, 3]]
+    assert compressor.load(tmp_path / "run" / "export").members == 3
+
+
+def test_custom_pruner_by_entry_point(tmp_path):
+    dist = tmp_path / "site" / "my_pruners_pkg-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-pruners-pkg\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[compressor.pruners]\nfirst_heads = my_pruners:KeepFirstHeads\n")
+    listing = run_cli(["list"], tmp_path, extra_path=[PLUGINS, tmp_path / "site"])
+    assert "first_heads" in listing.stdout and "Keep the first n heads" in listing.stdout
+    recipe = _plugin_recipe(tmp_path, "first_heads")
+    out = run_cli(["validate", str(recipe)], tmp_path, extra_path=[PLUGINS, tmp_path / "site"])
+    assert out.returncode == 0, out.stderr

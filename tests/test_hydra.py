@@ -1,0 +1,176 @@
+"""The central test: a fused Hydra model's per-member logits equal each member run on its own."""
+
+import copy
+
+import pytest
+import torch
+
+from compressor.adapters import get_adapter
+from compressor.masks import HeadMask
+from mergers.hydra import HydraMerger, build_hydra_vit
+
+from .conftest import make_vit
+
+RTOL, ATOL = 1e-5, 1e-5
+
+
+def random_masks(vit, members=3, seed=0, allow_empty=False):
+    """Masks with unequal head counts per member (and per block)."""
+    g = torch.Generator().manual_seed(seed)
+    heads = get_adapter(vit).heads_per_block()
+    masks = []
+    for m in range(members):
+        blocks = []
+        for b, h in enumerate(heads):
+            k = 1 + (m + b) % h if not (allow_empty and m == 1 and b == 0) else 0
+            keep = torch.zeros(h, dtype=torch.bool)
+            keep[torch.randperm(h, generator=g)[:k]] = True
+            blocks.append(keep)
+        masks.append(HeadMask(tuple(blocks)))
+    return masks
+
+
+def masked(model, mask):
+    ref = copy.deepcopy(model)
+    get_adapter(ref).apply_mask(mask)
+    return ref
+
+
+def perturbed_members(vit, masks, scale=0.05):
+    out = []
+    for i, mask in enumerate(masks):
+        torch.manual_seed(100 + i)
+        member = copy.deepcopy(vit)
+        with torch.no_grad():
+            for p in member.parameters():
+                p.add_(scale * torch.randn_like(p))
+        out.append(masked(member, mask))
+    return out
+
+
+def with_mlp_units(model, kept_per_block):
+    """Zero the output weights of every MLP unit not kept: the independent reference for 'pruned'."""
+    ref = copy.deepcopy(model)
+    for blk, kept in zip(ref.blocks, kept_per_block):
+        drop = torch.ones(blk.mlp.fc1.out_features, dtype=torch.bool)
+        drop[kept] = False
+        with torch.no_grad():
+            blk.mlp.fc2.weight[:, drop] = 0
+    return ref
+
+
+def with_average_mlp(members):
+    refs = [copy.deepcopy(m) for m in members]
+    for b in range(len(refs[0].blocks)):
+        for name in ("fc1", "fc2"):
+            for attr in ("weight", "bias"):
+                avg = torch.stack([getattr(getattr(m.blocks[b].mlp, name), attr) for m in members]).mean(0)
+                for r in refs:
+                    getattr(r.blocks[b].mlp, name).__getattr__(attr).data.copy_(avg)
+    return refs
+
+
+def assert_close(a, b):
+    torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL)
+
+
+def images(shape_seed=0, n=6):
+    return torch.randn(n, 1, 16, 16, generator=torch.Generator().manual_seed(shape_seed))
+
+
+@pytest.mark.parametrize("mode", ["average", "grouped", "pruned"])
+@pytest.mark.parametrize("train_mode", [False, True])
+def test_fused_equals_each_masked_member(vit_shape, mode, train_mode):
+    vit = make_vit(vit_shape)
+    masks = random_masks(vit, allow_empty=True)
+    assert len({tuple(m.num_kept()) for m in masks}) == 3  # unequal head counts
+    fused = build_hydra_vit(vit, masks, mlp_mode=mode, calibration=[images(1)])
+    refs = [masked(vit, m) for m in masks]
+    if mode == "pruned":
+        refs = [with_mlp_units(r, fused.mlp_kept[i]) for i, r in enumerate(refs)]
+    fused.train(train_mode)
+    for r in refs:
+        r.train(train_mode)
+    x = images()
+    out = fused(x)
+    for i, r in enumerate(refs):
+        assert_close(out.member_logits[i], r(x))
+    assert_close(out.probs, torch.stack([r(x).softmax(-1) for r in refs]).mean(0))
+
+
+@pytest.mark.parametrize("mode", ["grouped", "average", "pruned"])
+def test_fused_equals_fine_tuned_members(vit_shape, mode):
+    vit = make_vit(vit_shape)
+    masks = random_masks(vit, seed=3)
+    members = perturbed_members(vit, masks)
+    fused = build_hydra_vit(vit, masks, members=members, mlp_mode=mode)
+    final = "norm" if fused.spec.final_norm else "fc_norm"
+    per_member = ("patch_embed", "pos_embed", final, "head", "blocks.0.norm1", "blocks.1.norm2")
+    assert not any(fused.spec.shared[k] for k in per_member), "fine-tuned members differ everywhere"
+    if mode == "grouped":
+        refs = members
+    elif mode == "average":
+        refs = with_average_mlp(members)
+    else:
+        refs = [with_mlp_units(m, fused.mlp_kept[i]) for i, m in enumerate(members)]
+    x = images(2)
+    out = fused(x)
+    for i, r in enumerate(refs):
+        assert_close(out.member_logits[i], r(x))
+
+
+def test_gradients_match_members(vit_shape):
+    vit = make_vit(vit_shape)
+    masks = random_masks(vit, seed=4)
+    members = perturbed_members(vit, masks)
+    fused = build_hydra_vit(vit, masks, members=members, mlp_mode="grouped").train()
+    w = torch.randn(vit.num_classes)
+    x = images(5).requires_grad_(True)
+    (fused(x).member_logits * w).sum().backward()
+    ref_grad = torch.zeros_like(x)
+    for m in members:
+        xr = x.detach().clone().requires_grad_(True)
+        (m.train()(xr) * w).sum().backward()
+        ref_grad += xr.grad
+    assert_close(x.grad, ref_grad)
+    for i, m in enumerate(members):
+        assert_close(fused.head.weight.grad[i].t(), m.head.weight.grad)
+    # padded (non-existent) weights get no gradient
+    qkv = fused.blocks[0].attn.qkv
+    if qkv.padded:
+        assert float((qkv.weight.grad * (1 - qkv.weight_mask)).abs().max()) == 0.0
+
+
+def test_full_mask_member_reproduces_base(vit_shape):
+    vit = make_vit(vit_shape)
+    full = HeadMask.full(get_adapter(vit).heads_per_block())
+    fused = build_hydra_vit(vit, [full, random_masks(vit)[0]], mlp_mode="average")
+    x = images(7)
+    assert_close(fused(x).member_logits[0], vit(x))
+
+
+def test_training_step_keeps_members_separate():
+    vit = make_vit("tiny_cls")
+    masks = random_masks(vit, seed=6)
+    fused = HydraMerger(mlp="grouped").merge(vit, masks).train()
+    opt = torch.optim.AdamW(fused.parameters(), lr=1e-2, weight_decay=0.1)
+    x, y = images(8), torch.randint(0, 8, (6,))
+    loss = torch.nn.functional.cross_entropy(fused(x).member_logits.flatten(0, 1), y.repeat(3))
+    loss.backward()
+    opt.step()
+    for layer in (fused.blocks[0].attn.qkv, fused.blocks[0].attn.proj):
+        if layer.padded:
+            assert float((layer.weight * (1 - layer.weight_mask)).abs().max()) == 0.0
+
+
+def test_compile_export_and_no_grad():
+    vit = make_vit("tiny_cls")
+    fused = build_hydra_vit(vit, random_masks(vit), mlp_mode="pruned").eval()
+    x = images(9)
+    with torch.no_grad():
+        ref = fused(x).member_logits
+    compiled = torch.compile(fused, backend="aot_eager")
+    with torch.no_grad():
+        assert_close(compiled(x).member_logits, ref)
+    exported = torch.export.export(fused, (x,))
+    assert_close(exported.module()(x).member_logits, ref)

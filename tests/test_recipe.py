@@ -1,0 +1,80 @@
+import pytest
+import yaml
+
+from compressor.recipe import RecipeError, load_recipe
+
+from .helpers import ROOT
+
+
+def write(tmp_path, data, name="r.yaml"):
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+BASE = {"model": {"name": "vit_tiny_patch16_224"}, "steps": [{"prune": {"pruner": "taylor"}}]}
+
+
+@pytest.mark.parametrize("name", ["vit_hydra.yaml", "vit_prune.yaml"])
+def test_shipped_recipes_validate(name):
+    r = load_recipe(ROOT / "recipes" / name)
+    assert r.steps and r.model["name"]
+
+
+def test_defaults_are_filled(tmp_path):
+    r = load_recipe(write(tmp_path, BASE))
+    assert r.data["source"] == "digits" and r.model["source"] == "timm" and r.seed == 0
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda d: d["model"].update(colour="red"), r"r.yaml: model.colour: unknown key; expected one of source"),
+        (lambda d: d["model"].update(pretrained="yes"), r"r.yaml: model.pretrained: expected true/false"),
+        (lambda d: d["data"].update(source="imagenet"), r"data.source: expected one of digits, image_folder"),
+        (
+            lambda d: d["steps"][0]["prune"].update(pruner="magic"),
+            r"steps\[0\].prune.pruner: unknown pruner 'magic'; choices: disjoint, gradient_free, magnitude, random",
+        ),
+        (lambda d: d["steps"][0]["prune"].update(keep_ratio="half"), r"steps\[0\].prune: keep_ratio"),
+        (
+            lambda d: d["steps"][0]["prune"].update(colour=1),
+            r"steps\[0\].prune.colour: unknown option for pruner 'taylor'; expected one of",
+        ),
+        (lambda d: d["steps"].append({"fly": {}}), r"steps\[1\]: unknown step 'fly'; expected one of prune"),
+        (lambda d: d["steps"].append({"merge": {"merger": "hydra", "mlp": "wide"}}), r"steps\[1\].merge: mlp"),
+        (lambda d: d["steps"].insert(0, {"merge": {"merger": "plain"}}), r"'merge' needs a 'prune' step"),
+        (lambda d: d["model"].pop("name"), r"model.name: missing"),
+        (
+            lambda d: d["model"].update(source="checkpoint", checkpoint="nope.safetensors"),
+            r"model.checkpoint: no such file 'nope.safetensors'",
+        ),
+        (
+            lambda d: d["steps"].append({"finetune": {"steps": 10**6}}),
+            r"finetune.steps: expected an integer in 1..2000",
+        ),
+    ],
+)
+def test_errors_name_file_key_and_expectation(tmp_path, change, message):
+    data = yaml.safe_load(yaml.safe_dump({**BASE, "data": {}}))
+    change(data)
+    with pytest.raises(RecipeError, match=message):
+        load_recipe(write(tmp_path, data))
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(RecipeError, match="no such recipe file"):
+        load_recipe(tmp_path / "none.yaml")
+    (tmp_path / "bad.yaml").write_text("model: [unclosed")
+    with pytest.raises(RecipeError, match="bad.yaml: not valid YAML"):
+        load_recipe(tmp_path / "bad.yaml")
+    (tmp_path / "code.yaml").write_text("model: !!python/object/apply:os.system ['echo hi']\nsteps: []\n")
+    with pytest.raises(RecipeError, match="not valid YAML"):  # safe_load refuses to build objects
+        load_recipe(tmp_path / "code.yaml")
+
+
+def test_overrides(tmp_path):
+    r = load_recipe(write(tmp_path, BASE), ["steps.0.prune.members=4", "model.kwargs.depth=2", "seed=3"])
+    assert r.steps[0][1]["members"] == 4 and r.model["kwargs"] == {"depth": 2} and r.seed == 3
+    with pytest.raises(RecipeError, match=r"--set steps.5: expected an index 0..0"):
+        load_recipe(write(tmp_path, BASE), ["steps.5.prune=1"])
