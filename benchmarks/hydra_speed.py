@@ -1,0 +1,131 @@
+"""Hydra vs single model vs Deep Ensemble: latency, peak memory, FLOPs and parameters, side by side.
+
+    python benchmarks/hydra_speed.py                 # vit_tiny and vit_small shapes, batch 1 and 64
+    python benchmarks/hydra_speed.py --shapes vit_tiny --batches 1 8 --repeats 5
+
+Every model is timed in the same process, round-robin (one call of each per round), and the
+median over rounds is reported with its ratio to the single model: machines here are shared and
+noisy, so compare ratios, not seconds. Peak memory is the growth of the peak resident set during
+one forward pass, measured in a fresh subprocess per model. Members keep H/M heads per block
+(all members together keep as many heads as the base); 'pruned' keeps 1/M of each MLP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+import timm
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from compressor.adapters import get_adapter
+from compressor.masks import HeadMask
+from compressor.predict import DeepEnsemble
+from mergers.hydra import build_hydra_vit
+
+SHAPES = {
+    "vit_tiny": dict(embed_dim=192, depth=12, num_heads=3),
+    "vit_small": dict(embed_dim=384, depth=12, num_heads=6),
+}
+MODELS = ["single", "deep_ensemble", "hydra_average", "hydra_grouped", "hydra_pruned"]
+
+
+def build(shape: str, kind: str, members: int = 3) -> torch.nn.Module:
+    torch.manual_seed(0)
+    base = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=1000, **SHAPES[shape]).eval()
+    if kind == "single":
+        return base
+    if kind == "deep_ensemble":
+        return DeepEnsemble([base] + [build(shape, "single") for _ in range(members - 1)]).eval()
+    heads = get_adapter(base).heads_per_block()
+    masks = []
+    for m in range(members):  # disjoint split: member m keeps heads m, m+M, ...
+        masks.append(HeadMask.from_kept([list(range(m, h, members)) or [m % h] for h in heads], heads))
+    return build_hydra_vit(base, masks, mlp_mode=kind.removeprefix("hydra_")).eval()
+
+
+def flops(model: torch.nn.Module, x: torch.Tensor) -> int:
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(x)
+    return counter.get_total_flops()
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def peak_memory_child(shape: str, kind: str, batch: int) -> None:
+    """Peak resident memory added by the first forward pass (Linux: VmHWM reset through clear_refs).
+
+    No warm-up: after one, the allocator would serve the second pass from memory it already holds.
+    """
+    model = build(shape, kind)
+    x = torch.randn(batch, 3, 224, 224)
+    with torch.no_grad():
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset the peak-RSS high-water mark to the current RSS
+        before = _status_kb("VmRSS")
+        model(x)
+    print(json.dumps({"peak_mb": max(_status_kb("VmHWM") - before, 0) / 1024}))
+
+
+def peak_memory(shape: str, kind: str, batch: int) -> float:
+    out = subprocess.run([sys.executable, __file__, "--child", shape, kind, str(batch)], capture_output=True,
+                         text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["peak_mb"]
+
+
+def time_round_robin(models: dict[str, torch.nn.Module], x: torch.Tensor, repeats: int) -> dict[str, float]:
+    times: dict[str, list[float]] = {k: [] for k in models}
+    with torch.no_grad():
+        for m in models.values():
+            m(x)  # warm-up
+        for _ in range(repeats):
+            for name, m in models.items():
+                t0 = time.perf_counter()
+                m(x)
+                times[name].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    p.add_argument("--batches", nargs="+", type=int, default=[1, 64])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--no-memory", action="store_true", help="skip the per-model peak-memory subprocesses")
+    p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        peak_memory_child(args.child[0], args.child[1], int(args.child[2]))
+        return
+    torch.manual_seed(0)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, CPU; "
+          f"median of {args.repeats} round-robin rounds\n")
+    print("| shape | batch | model | latency ms | x single | peak MB | x single | GFLOPs | x single | params M |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for shape in args.shapes:
+        models = {k: build(shape, k) for k in MODELS}
+        for batch in args.batches:
+            x = torch.randn(batch, 3, 224, 224)
+            lat = time_round_robin(models, x, args.repeats if batch > 1 else 5 * args.repeats)
+            fl = {k: flops(m, x) for k, m in models.items()}
+            mem = {k: (float("nan") if args.no_memory else peak_memory(shape, k, batch)) for k in models}
+            for k, m in models.items():
+                params = sum(q.numel() for q in m.parameters()) / 1e6
+                print(f"| {shape} | {batch} | {k} | {lat[k] * 1e3:.1f} | {lat[k] / lat['single']:.2f} | "
+                      f"{mem[k]:.0f} | {mem[k] / max(mem['single'], 1e-9):.2f} | {fl[k] / 1e9:.1f} | "
+                      f"{fl[k] / fl['single']:.2f} | {params:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""Export and `compressor.load`: identical outputs after a round trip; bad files fail clearly."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import compressor
+from compressor.export import ExportError, export_model
+from compressor.masks import HeadMask
+from compressor.weights import WeightsError
+from mergers.hydra import build_hydra_vit
+from mergers.plain import prune_physically
+
+from .conftest import VIT_SHAPES, make_vit
+
+BASE_INFO = {"source": "timm", "name": "vit_tiny_patch16_224", "kwargs": VIT_SHAPES["tiny_cls"]}
+MASKS = [HeadMask.from_kept([[0, 1], [2]], [4, 4]), HeadMask.from_kept([[3], [0, 1, 3]], [4, 4])]
+
+
+def _x():
+    return torch.randn(4, 1, 16, 16, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("mode", ["average", "grouped", "pruned"])
+def test_hydra_round_trip(tmp_path, mode):
+    fused = build_hydra_vit(make_vit(), MASKS, mlp_mode=mode).eval()
+    export_model(fused, tmp_path / "exp", BASE_INFO, MASKS, class_names=list("abcdefgh"))
+    loaded = compressor.load(tmp_path / "exp")
+    assert torch.equal(loaded(_x()).member_logits, fused(_x()).member_logits)
+    cfg = json.loads((tmp_path / "exp" / "config.json").read_text())
+    assert cfg["kind"] == "hydra" and cfg["members"] == 2 and cfg["mlp_mode"] == mode
+    assert cfg["masks"][1]["kept"] == [[3], [0, 1, 3]] and "torch" in cfg["versions"]
+    assert compressor.load_masks(tmp_path / "exp" / "masks.json") == MASKS
+    assert loaded.class_names == list("abcdefgh")
+
+
+def test_plain_round_trip(tmp_path):
+    pruned = prune_physically(make_vit(), MASKS[0])
+    export_model(pruned, tmp_path / "exp", BASE_INFO, MASKS[:1])
+    loaded = compressor.load(tmp_path / "exp")
+    assert torch.equal(loaded(_x()), pruned(_x()))
+    assert [b.attn.num_heads for b in loaded.blocks] == [2, 1]
+
+
+def test_corrupt_or_mismatched_weights(tmp_path):
+    pruned = prune_physically(make_vit(), MASKS[0])
+    export_model(pruned, tmp_path / "exp", BASE_INFO)
+    weights = tmp_path / "exp" / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    with pytest.raises(WeightsError, match="model.safetensors: not a valid safetensors file"):
+        compressor.load(tmp_path / "exp")
+    weights.write_bytes(b"\x80\x04\x95 pickled code is never unpickled")
+    with pytest.raises(WeightsError, match="not a valid safetensors file"):
+        compressor.load(tmp_path / "exp")
+    export_model(pruned, tmp_path / "exp", BASE_INFO)
+    cfg = json.loads((tmp_path / "exp" / "config.json").read_text())
+    cfg["heads"] = [4, 4]
+    (tmp_path / "exp" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(WeightsError, match="weights do not fit config.json"):
+        compressor.load(tmp_path / "exp")
+    with pytest.raises(ExportError, match="no such export folder"):
+        compressor.load(tmp_path / "nothing")
+
+
+def test_interrupted_export_leaves_the_previous_export_intact(tmp_path):
+    """Kill a process in the middle of writing the export: the old folder must survive whole."""
+    fused = build_hydra_vit(make_vit(), MASKS, mlp_mode="grouped").eval()
+    export_model(fused, tmp_path / "exp", BASE_INFO, MASKS)
+    before = (tmp_path / "exp" / "model.safetensors").read_bytes()
+    script = textwrap.dedent(f"""
+        import os, signal, sys, time
+        sys.path.insert(0, {str(tmp_path)!r})
+        import compressor.weights as w
+        from tests.conftest import make_vit
+        from tests.test_export import BASE_INFO, MASKS
+        from mergers.hydra import build_hydra_vit
+        from compressor.export import export_model
+        real = w.save_file
+        def slow_save(tensors, path, metadata=None):
+            real(tensors, path, metadata=metadata)
+            print("written", flush=True)
+            time.sleep(60)
+        w.save_file = slow_save
+        export_model(build_hydra_vit(make_vit(seed=1), MASKS), {str(tmp_path / "exp")!r}, BASE_INFO, MASKS)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert proc.stdout.readline().strip() == "written"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert (tmp_path / "exp" / "model.safetensors").read_bytes() == before
+    assert torch.equal(compressor.load(tmp_path / "exp")(_x()).member_logits, fused(_x()).member_logits)
