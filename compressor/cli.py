@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "validate":
         print(f"{args.recipe}: ok ({len(recipe.steps)} steps: {', '.join(k for k, _ in recipe.steps)})")
         return 0
+    from compressor.distributed import is_main, shutdown
     from compressor.runner import Runner
 
     t0 = time.time()
@@ -78,6 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError, NotImplementedError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    finally:
+        main_process = is_main()
+        shutdown()
+    if not main_process:
+        return 0
     print(f"done in {time.time() - t0:.0f}s; outputs in {runner.out}/ (report.md, metrics.json, plots/, export/)")
     return 0
 

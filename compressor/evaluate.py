@@ -99,9 +99,14 @@ def markdown_table(rows: dict[str, dict[str, float]], std: dict[str, dict[str, f
 
 
 def evaluate_models(
-    models: dict[str, nn.Module], data: DataBundle, out_dir: Path, batch_size: int = 256, reference: str | None = None
+    models: dict[str, nn.Module],
+    data: DataBundle,
+    out_dir: Path,
+    batch_size: int = 256,
+    reference: str | None = None,
+    write: bool = True,
 ) -> dict:
-    """Evaluate every model; write metrics.json and metrics.md under `out_dir`; return the results."""
+    """Evaluate every model; write metrics.json and metrics.md under `out_dir` (if `write`); return them."""
     results = {}
     x = next(iter(torch.utils.data.DataLoader(data.test, batch_size=64)))[0]
     latencies = {}
@@ -114,9 +119,11 @@ def evaluate_models(
     for name in results:
         results[name]["latency_ratio"] = latencies[name] / latencies[ref]
     rows = {name: summarize(r) for name, r in results.items()}
+    table = markdown_table(rows)
+    if not write:
+        return {"results": results, "summary": rows, "table": table}
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / "metrics.json", json.dumps({"models": results, "summary": rows}, indent=1))
-    table = markdown_table(rows)
     note = (
         f"\nOOD columns use the max-softmax score, averaged over OOD sets ({', '.join(data.ood)}); "
         f"shift columns average {', '.join(data.shift)}; latency is the median at batch 64 relative to "

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from compressor.data import DataBundle
+from compressor.distributed import all_true, is_main
 from compressor.training import TrainConfig, train
 from compressor.weights import load_weights, save_weights
 
@@ -44,11 +45,11 @@ def build_base(model_cfg: dict, data: DataBundle, data_cfg: dict, seed: int, cac
     if tb:
         key = _cache_key(model_cfg, data_cfg, seed)
         cached = cache_dir / f"base-{key}.safetensors" if cache_dir is not None and tb.get("cache", True) else None
-        if cached is not None and cached.is_file():
+        if cached is not None and all_true(cached.is_file()):
             model.load_state_dict(load_weights(cached))
         else:
             cfg = TrainConfig(**{k: v for k, v in tb.items() if k != "cache"}, seed=seed)
             train(model, data.train, data.val, cfg, desc=f"train base (seed {seed})")
-            if cached is not None:
+            if cached is not None and is_main():
                 save_weights(model.state_dict(), cached)
     return model.eval()

@@ -10,6 +10,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from compressor.data import loader
+from compressor.distributed import gather_cat, shard
 
 
 def member_logits(output: Any) -> torch.Tensor:
@@ -63,13 +64,17 @@ class MCDropout(nn.Module):
 
 @torch.no_grad()
 def predict(model: nn.Module, dataset: Dataset, batch_size: int = 256) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Member probabilities [M, N, C] over `dataset` (and its labels when it has them)."""
+    """Member probabilities [M, N, C] over `dataset` (and its labels when it has them).
+
+    Under torch.distributed each rank predicts its slice of every batch; results are gathered in order.
+    """
     was_training = model.training
     model.eval()
     probs, labels = [], []
     try:
         for batch in loader(dataset, batch_size):
-            probs.append(member_logits(model(batch[0])).float().softmax(-1))
+            local = member_logits(model(shard(tuple(batch))[0])).float().softmax(-1)
+            probs.append(gather_cat(local, dim=1))
             if len(batch) > 1:
                 labels.append(batch[1])
     finally:

@@ -107,6 +107,11 @@ EXPORT_SCHEMA: dict[str, Field] = {
     "dir": Field((str,), "export", doc="folder under the run folder"),
     "onnx": Field((bool,), False, doc="also write model.onnx (needs onnx and onnxruntime)"),
 }
+DISTRIBUTED_SCHEMA: dict[str, Field] = {
+    "backend": Field((str,), "auto", choices=("auto", "gloo", "nccl"),
+                     doc="auto: NCCL when GPUs are visible, gloo on the CPU; used only under torchrun"),
+    "timeout_s": Field((int,), 1800, check=_positive, doc="collective-operation timeout"),
+}
 STEP_SCHEMAS = {
     "prune": PRUNE_SCHEMA,
     "finetune": FINETUNE_SCHEMA,
@@ -123,6 +128,7 @@ RECIPE_SCHEMA: dict[str, Field] = {
     "model": Field((dict,), required=True, schema=MODEL_SCHEMA),
     "data": Field((dict,), {}, schema=DATA_SCHEMA),
     "steps": Field((list,), required=True),
+    "distributed": Field((dict,), {}, schema=DISTRIBUTED_SCHEMA, doc="torchrun settings"),
 }
 
 
@@ -137,6 +143,7 @@ class Recipe:
     model: dict
     data: dict
     steps: list[tuple[str, dict]] = field(default_factory=list)
+    distributed: dict = field(default_factory=dict)
 
 
 def _type_name(types: tuple[type, ...]) -> str:
@@ -274,7 +281,7 @@ def validate_recipe(raw: Any, where: str = "<recipe>") -> Recipe:
     for i, r in enumerate(d["ood_roots"]):
         if not Path(r).is_dir():
             raise RecipeError(f"{where}: data.ood_roots[{i}]: no such folder '{r}'")
-    return Recipe(where, top["name"], top["seed"], top["out"], m, d, steps)
+    return Recipe(where, top["name"], top["seed"], top["out"], m, d, steps, top["distributed"])
 
 
 def apply_overrides(raw: dict, overrides: list[str], where: str) -> dict:

@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 
 from compressor.adapters import get_adapter
 from compressor.data import DataBundle, batches, digits_bundle, image_folder_bundle
+from compressor.distributed import barrier, init_from_env, is_main, world_size
 from compressor.evaluate import evaluate_models
 from compressor.export import export_model
 from compressor.io import atomic_write_text
@@ -57,7 +58,7 @@ class Runner:
         self.state: RunState | None = None
 
     def say(self, text: str) -> None:
-        if not self.quiet:
+        if not self.quiet and is_main():
             tqdm.write(text)
 
     # --- setup ------------------------------------------------------------------------------
@@ -69,7 +70,8 @@ class Runner:
 
     def setup(self) -> RunState:
         r = self.recipe
-        self.out.mkdir(parents=True, exist_ok=True)
+        if is_main():
+            self.out.mkdir(parents=True, exist_ok=True)
         if r.data["source"] == "image_folder":
             from compressor.models import create_timm
 
@@ -97,10 +99,11 @@ class Runner:
         adapter.apply_mask(None)
         state.scores = pruner.last_scores
         state.members = None
-        save_masks(self.out / "masks.json", state.masks)
-        if state.scores is not None:
-            payload = [[s.tolist() for s in member] for member in state.scores]
-            atomic_write_text(self.out / "head_scores.json", json.dumps(payload))
+        if is_main():
+            save_masks(self.out / "masks.json", state.masks)
+            if state.scores is not None:
+                payload = [[s.tolist() for s in member] for member in state.scores]
+                atomic_write_text(self.out / "head_scores.json", json.dumps(payload))
         kept = [sum(m.num_kept()) for m in state.masks]
         self.say(
             f"prune: {cfg['pruner']} -> {len(state.masks)} members keeping {kept} of "
@@ -185,8 +188,9 @@ class Runner:
             models[result[0]] = result[1]
         models.update(self.baseline_models(state, cfg["baselines"], cfg["deep_ensemble_size"]))
         reference = "base" if "base" in models else None
-        state.metrics = evaluate_models(models, state.data, self.out, self.recipe.data["batch_size"], reference)
-        if cfg["plots"]:
+        state.metrics = evaluate_models(models, state.data, self.out, self.recipe.data["batch_size"], reference,
+                                        write=is_main())
+        if cfg["plots"] and is_main():
             plots = self.out / "plots"
             for name, model in models.items():
                 probs, labels = predict(model, state.data.test)
@@ -207,13 +211,19 @@ class Runner:
             "kwargs": {**r.model["kwargs"], "num_classes": state.data.num_classes, "in_chans": state.data.in_chans},
         }
         example = next(iter(torch.utils.data.DataLoader(state.data.test, batch_size=2)))[0] if cfg["onnx"] else None
+        if not is_main():
+            return
         path = export_model(model, self.out / cfg["dir"], base_info, state.masks, state.data.class_names, example)
         self.say(f"export: {path} (load with compressor.load('{path}'))")
 
     # --- driver -----------------------------------------------------------------------------
     def run(self) -> RunState:
         steps = self.recipe.steps
-        bar = tqdm(total=len(steps) + 1, desc=f"{self.recipe.name}", disable=self.quiet, dynamic_ncols=True)
+        dist_cfg = self.recipe.distributed
+        if init_from_env(dist_cfg.get("backend", "auto"), dist_cfg.get("timeout_s", 1800)):
+            self.say(f"distributed: {world_size()} processes")
+        bar = tqdm(total=len(steps) + 1, desc=f"{self.recipe.name}", disable=self.quiet or not is_main(),
+                   dynamic_ncols=True)
         bar.set_postfix_str("model + data")
         state = self.setup()
         self.state = state
@@ -223,7 +233,9 @@ class Runner:
             getattr(self, f"step_{kind}")(state, cfg)
             bar.update(1)
         bar.close()
-        self.write_report(state)
+        if is_main():
+            self.write_report(state)
+        barrier()
         return state
 
     def write_report(self, state: RunState) -> None:

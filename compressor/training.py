@@ -3,6 +3,10 @@
 AdamW, linear warm-up then cosine decay over a step budget, optional label smoothing, early
 stopping on held-out NLL (the best weights are restored). For a fused ensemble every member's
 logits get their own cross-entropy, averaged, so members stay independent models.
+
+Under torch.distributed the model is wrapped in DistributedDataParallel and every rank trains on
+its slice of each global batch, with the loss scaled so that the averaged gradient is the global
+batch's: N processes take the same steps as one process with the same batch size.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
 from compressor.data import loader
+from compressor.distributed import all_reduce_sum, is_distributed, is_main, shard, world_size
 from compressor.predict import member_logits
 
 
@@ -45,18 +50,23 @@ def ensemble_loss(output, y: torch.Tensor, label_smoothing: float = 0.0) -> torc
 def heldout_nll(model: nn.Module, ds: Dataset, batch_size: int = 256) -> float:
     was_training = model.training
     model.eval()
-    total, n = 0.0, 0
-    for x, y in loader(ds, batch_size):
+    total = torch.zeros(2, dtype=torch.float64)
+    for batch in loader(ds, batch_size):
+        x, y = shard(tuple(batch))
         probs = member_logits(model(x)).float().softmax(-1).mean(0)
-        total += float(-torch.log(probs[torch.arange(len(y)), y].clamp_min(1e-12)).sum())
-        n += len(y)
+        total[0] += float(-torch.log(probs[torch.arange(len(y)), y].clamp_min(1e-12)).sum())
+        total[1] += len(y)
     model.train(was_training)
-    return total / max(n, 1)
+    total = all_reduce_sum(total)
+    return float(total[0] / total[1].clamp_min(1))
 
 
 def train(model: nn.Module, train_ds: Dataset, val_ds: Dataset | None, cfg: TrainConfig, desc: str = "train") -> dict:
     """Train `model` in place for `cfg.steps` steps; return the history (losses, val NLL, best step)."""
     torch.manual_seed(cfg.seed)
+    net = model
+    if is_distributed():
+        net = nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
@@ -71,16 +81,19 @@ def train(model: nn.Module, train_ds: Dataset, val_ds: Dataset | None, cfg: Trai
     best_nll, best_state, bad_evals = math.inf, None, 0
     model.train()
     step, epoch = 0, 0
-    bar = tqdm(total=cfg.steps, desc=desc, leave=False, dynamic_ncols=True)
+    bar = tqdm(total=cfg.steps, desc=desc, leave=False, dynamic_ncols=True, disable=not is_main() or None)
     while step < cfg.steps:
-        for x, y in loader(train_ds, cfg.batch_size, shuffle=True, seed=cfg.seed + epoch):
-            loss = ensemble_loss(model(x), y, cfg.label_smoothing)
+        for batch in loader(train_ds, cfg.batch_size, shuffle=True, seed=cfg.seed + epoch):
+            x, y = shard(tuple(batch))
+            loss = ensemble_loss(net(x), y, cfg.label_smoothing)
+            # DDP averages gradients over ranks; weight each slice by its share of the global batch
+            scaled = loss * (len(y) * world_size() / len(batch[1]))
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            scaled.backward()
             opt.step()
             sched.step()
             step += 1
-            history["loss"].append(float(loss))
+            history["loss"].append(float(loss.detach()))
             bar.update(1)
             bar.set_postfix(loss=f"{float(loss):.3f}")
             if val_ds is not None and (step % cfg.eval_every == 0 or step == cfg.steps):

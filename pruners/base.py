@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from compressor.adapters import ModelAdapter
 from compressor.masks import HeadMask, MaskError
@@ -126,12 +125,6 @@ def make_distinct(masks: list[HeadMask], scores: list[list[torch.Tensor]]) -> li
             blocks[bi][i], blocks[bi][j] = False, True
         out.append(HeadMask(tuple(blocks)))
     return out
-
-
-def cross_entropy(adapter: ModelAdapter, batch: Batch) -> torch.Tensor:
-    """Mean cross-entropy of the model on one labelled batch."""
-    x, y = batch[0], batch[1]
-    return F.cross_entropy(adapter.logits(x), y)
 
 
 def jitter(scores: list[torch.Tensor], seed: int, scale: float = 0.1) -> list[torch.Tensor]:

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from compressor.adapters import ModelAdapter
+from compressor.distributed import gather_cat, shard
 from compressor.registry import register_pruner
 from pruners.base import Batch
 from pruners.scored import ScoredPruner
@@ -36,8 +37,11 @@ METRICS: dict[str, Callable[[torch.Tensor, torch.Tensor], float]] = {"nll": _nll
 
 @torch.no_grad()
 def evaluate_metric(adapter: ModelAdapter, data: Sequence[Batch], metric: str = "nll") -> float:
-    """The metric (lower is better) of the model as currently gated, over all of `data`."""
-    logits = torch.cat([adapter.logits(b[0]).float() for b in data])
+    """The metric (lower is better) of the model as currently gated, over all of `data`.
+
+    Under torch.distributed each rank runs its slice of every batch and the logits are gathered.
+    """
+    logits = torch.cat([gather_cat(adapter.logits(shard(b)[0]).float()) for b in data])
     y = torch.cat([b[1] for b in data])
     return METRICS[metric](logits, y)
 

@@ -6,15 +6,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 
 from compressor.adapters import ModelAdapter
+from compressor.distributed import all_reduce_sum, shard
 from compressor.registry import register_pruner
-from pruners.base import Batch, cross_entropy
+from pruners.base import Batch
 from pruners.scored import ScoredPruner
 
 
 def taylor_scores(adapter: ModelAdapter, calibration: Sequence[Batch]) -> list[torch.Tensor]:
-    """Per block, |sum_batches dL/dg| for gates g at their current values (1 for kept heads)."""
+    """Per block, |sum_batches dL/dg| for gates g at their current values (1 for kept heads).
+
+    L is each batch's mean cross-entropy. Under torch.distributed every rank differentiates its
+    slice's summed loss divided by the global batch size and the sums are all-reduced: the same
+    number one process computes.
+    """
     if not calibration:
         raise ValueError("taylor: needs calibration batches (labelled data)")
     previous = [g.detach().clone() for g in adapter.install_gates()]
@@ -23,13 +30,14 @@ def taylor_scores(adapter: ModelAdapter, calibration: Sequence[Batch]) -> list[t
     total = [torch.zeros_like(g, dtype=torch.float64) for g in gates]
     try:
         for batch in calibration:
-            loss = cross_entropy(adapter, batch)
+            x, y = shard(batch)[:2]
+            loss = F.cross_entropy(adapter.logits(x), y, reduction="sum") / batch[1].shape[0]
             grads = torch.autograd.grad(loss, gates)
             for t, g in zip(total, grads):
                 t += g.double()
     finally:
         adapter.set_gates(previous)
-    return [t.abs().float() for t in total]
+    return [all_reduce_sum(t).abs().float() for t in total]
 
 
 @register_pruner("taylor")

@@ -1,0 +1,117 @@
+"""torch.distributed: 2 CPU processes (gloo, loopback) compute what one process computes."""
+
+import copy
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.utils.data import Subset
+
+from compressor.adapters import get_adapter
+from compressor.data import digits_bundle
+from compressor.evaluate import evaluate_model
+from compressor.training import TrainConfig, train
+from pruners import GradientFreePruner, TaylorPruner
+from pruners.taylor import taylor_scores
+
+from .conftest import labelled_batches, make_vit
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def compute_everything() -> dict:
+    """Head scores, masks, metrics and a short fine-tune, the same code in 1 or N processes."""
+    torch.manual_seed(0)
+    vit = make_vit("tiny_cls")
+    adapter = get_adapter(vit)
+    calib = labelled_batches(3, batch=15)  # 15 = uneven slices across 2 ranks
+    gf = GradientFreePruner(members=1, keep_heads=2, diversity="none")
+    gf_masks = gf.prune(adapter, calib, calib)
+    taylor = TaylorPruner(members=3, keep_ratio=0.5, seed=3)
+    t_masks = taylor.prune(adapter, calib)
+    data = digits_bundle()
+    metrics = evaluate_model(vit, data, batch_size=101)
+    tuned = copy.deepcopy(vit)
+    train(tuned, Subset(data.train, range(70)), Subset(data.val, range(40)),
+          TrainConfig(steps=4, batch_size=32, warmup_steps=1, eval_every=2), desc="ddp")
+    return {
+        "taylor": [s.tolist() for s in taylor_scores(adapter, calib)],
+        "gf_scores": [s.tolist() for s in gf.last_scores[0]],
+        "gf_masks": [m.to_dict() for m in gf_masks],
+        "taylor_masks": [m.to_dict() for m in t_masks],
+        "metrics": metrics,
+        "weights": {k: v.clone() for k, v in tuned.state_dict().items()},
+    }
+
+
+def _worker(rank: int, world: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        result = compute_everything()
+        if rank == 0:
+            torch.save(result, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def _close(a, b, path=""):
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            _close(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _close(x, y, f"{path}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=path)
+    elif isinstance(a, float):
+        assert a == pytest.approx(b, rel=1e-4, abs=1e-6), path
+    else:
+        assert a == b, path
+
+
+def test_two_gloo_processes_match_one(tmp_path):
+    out = str(tmp_path / "rank0.pt")
+    mp.spawn(_worker, args=(2, free_port(), out), nprocs=2, join=True)
+    distributed = torch.load(out, weights_only=True)
+    single = compute_everything()
+    assert not torch.equal(single["weights"]["head.weight"], make_vit("tiny_cls").head.weight), "it trained"
+    _close(distributed, single)
+
+
+def test_compressor_apply_under_torchrun(tmp_path):
+    """`torchrun --nproc_per_node 2 -m compressor apply`: one set of outputs, same metrics as 1 process."""
+    import json
+    import subprocess
+    import sys
+
+    from .helpers import ROOT, SMALL, run_cli
+
+    args = ["apply", str(ROOT / "recipes" / "vit_prune.yaml"), *SMALL, "--set", "steps.2.finetune.steps=3",
+            "--set", "steps.3.evaluate.plots=false", "--set", "model.train_base.cache=false"]
+    single = run_cli([*args, "--out", str(tmp_path / "one")], tmp_path)
+    assert single.returncode == 0, single.stderr[-2000:]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
+               PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), "-m", "compressor", *args, "--out", str(tmp_path / "two")]
+    multi = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert multi.returncode == 0, multi.stderr[-3000:]
+    assert multi.stdout.count("done in") == 1, "only rank 0 reports and writes"
+    a = json.loads((tmp_path / "one" / "metrics.json").read_text())["summary"]
+    b = json.loads((tmp_path / "two" / "metrics.json").read_text())["summary"]
+    for model in a:
+        for key in ("accuracy", "nll", "ece", "brier", "auroc_msp", "fpr95_msp"):
+            assert b[model][key] == pytest.approx(a[model][key], rel=1e-3, abs=1e-4), (model, key)
+    assert json.loads((tmp_path / "one" / "masks.json").read_text()) == json.loads(
+        (tmp_path / "two" / "masks.json").read_text())
