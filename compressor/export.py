@@ -39,12 +39,13 @@ def library_versions() -> dict[str, str]:
 
 def describe(model: nn.Module, base_info: dict) -> dict:
     """The architecture part of config.json for a merged model."""
+    from mergers.hydra.bert import HydraBert
     from mergers.hydra.model import HydraViT
 
-    if isinstance(model, HydraViT):
+    if isinstance(model, (HydraViT, HydraBert)):
         return {
             "kind": "hydra",
-            "family": "timm_vit",
+            "family": "timm_vit" if isinstance(model, HydraViT) else "hf_bert",
             "hydra_spec": model.spec.to_dict(),
             "members": model.members,
             "mlp_mode": model.spec.mlp_mode,
@@ -78,6 +79,8 @@ def export_model(
         (tmp / "config.json").write_text(json.dumps(config, indent=1))
         if masks:
             save_masks(tmp / "masks.json", masks)
+        if config["kind"] == "plain" and config["family"] == "hf_encoder" and masks:
+            save_hf_encoder(model, masks[0], tmp / "hf_encoder")
         if onnx_input is not None:
             from compressor.onnx_export import export_onnx
 
@@ -112,18 +115,76 @@ def build_plain_timm(base: dict, heads: Sequence[int]) -> nn.Module:
     return model
 
 
+def save_hf_encoder(model: nn.Module, mask: HeadMask, folder: Path) -> None:
+    """`save_pretrained` of the pruned encoder, so `AutoModel.from_pretrained` loads it alone.
+
+    transformers 5 cannot describe a different head count per layer (no `pruned_heads`), so the
+    removed heads are written as zero weights at their original places: outputs equal the pruned
+    model's; the physically smaller weights are the export's model.safetensors.
+    """
+    from compressor.adapters import get_adapter
+
+    small = model.encoder
+    full = type(small)(small.config).eval()
+    ad_full, ad_small = get_adapter(full), get_adapter(small)
+    with torch.no_grad():
+        small_params = dict(small.named_parameters())
+        for name, p in full.named_parameters():
+            if small_params[name].shape == p.shape:
+                p.copy_(small_params[name])
+        for b in range(ad_full.num_blocks):
+            hd = ad_full.head_dim(b)
+            keep = torch.as_tensor(mask.kept_indices(b), dtype=torch.long)
+            cols = (keep[:, None] * hd + torch.arange(hd)[None]).flatten()
+            wf, ws = ad_full.head_weights(b), ad_small.head_weights(b)
+            for name in ("q", "k", "v"):
+                tf, ts = getattr(wf, name), getattr(ws, name)  # [H, hd, D] views of the weights
+                tf.zero_()
+                tf.view(-1, tf.shape[-1])[cols] = ts.reshape(-1, ts.shape[-1])
+                bf, bs = getattr(wf, name + "_bias"), getattr(ws, name + "_bias")
+                if bf is not None:
+                    bf.zero_()
+                    bf.view(-1)[cols] = bs.reshape(-1)
+            wf.o.zero_()
+            wf.o.view(wf.o.shape[0], -1)[:, cols] = ws.o.reshape(ws.o.shape[0], -1)
+    full.save_pretrained(str(folder))
+
+
+def build_plain_hf(base: dict, heads: Sequence[int]) -> nn.Module:
+    """An empty MeanPoolClassifier(encoder) of the exported architecture with `heads[b]` heads."""
+    from transformers import AutoConfig, AutoModel
+
+    from compressor.adapters import get_adapter
+    from compressor.text import MeanPoolClassifier
+
+    config = AutoConfig.for_model(**base["encoder_config"])
+    model = MeanPoolClassifier(AutoModel.from_config(config), base["num_classes"], base["pad_token_id"])
+    adapter = get_adapter(model)
+    for b, h in enumerate(heads):
+        if h < adapter.num_heads(b):
+            adapter.prune_heads_(b, list(range(h)))
+    return model
+
+
 def load_export(path: str | Path, map_location: str = "cpu") -> nn.Module:
     """Rebuild the exported model (eval mode) from its folder; no recipe, no pickle."""
     path = Path(path)
     if not path.is_dir():
         raise ExportError(f"{path}: no such export folder")
     cfg = _read_config(path)
-    if cfg["kind"] == "hydra":
+    kind, family = cfg.get("kind"), cfg.get("family")
+    if (kind, family) == ("hydra", "timm_vit"):
         from mergers.hydra.model import HydraSpec, HydraViT
 
         model = HydraViT(HydraSpec.from_dict(cfg["hydra_spec"]))
-    elif cfg["kind"] == "plain" and cfg["family"] == "timm_vit":
+    elif (kind, family) == ("hydra", "hf_bert"):
+        from mergers.hydra.bert import HydraBert, HydraBertSpec
+
+        model = HydraBert(HydraBertSpec.from_dict(cfg["hydra_spec"]))
+    elif (kind, family) == ("plain", "timm_vit"):
         model = build_plain_timm(cfg["base"], cfg["heads"])
+    elif (kind, family) == ("plain", "hf_encoder"):
+        model = build_plain_hf(cfg["base"], cfg["heads"])
     else:
         raise ExportError(f"{path / 'config.json'}: kind/family: unsupported '{cfg['kind']}'/'{cfg.get('family')}'")
     state = load_weights(path / "model.safetensors", device=map_location)

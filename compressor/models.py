@@ -36,9 +36,14 @@ def _cache_key(model_cfg: dict, data_cfg: dict, seed: int) -> str:
 def build_base(model_cfg: dict, data: DataBundle, data_cfg: dict, seed: int, cache_dir: Path | None) -> nn.Module:
     """The recipe's base model: created by timm, loaded from a checkpoint and/or trained here."""
     torch.manual_seed(seed)
-    model = create_timm(
-        model_cfg["name"], model_cfg["kwargs"], data.num_classes, data.in_chans, pretrained=model_cfg["pretrained"]
-    )
+    if model_cfg["source"] == "hf":
+        from compressor.text import load_hf_classifier
+
+        model = load_hf_classifier(model_cfg["name"], data.num_classes)
+    else:
+        model = create_timm(
+            model_cfg["name"], model_cfg["kwargs"], data.num_classes, data.in_chans, pretrained=model_cfg["pretrained"]
+        )
     if model_cfg["checkpoint"]:
         model.load_state_dict(load_weights(model_cfg["checkpoint"]))
     tb = model_cfg.get("train_base")
@@ -48,8 +53,14 @@ def build_base(model_cfg: dict, data: DataBundle, data_cfg: dict, seed: int, cac
         if cached is not None and all_true(cached.is_file()):
             model.load_state_dict(load_weights(cached))
         else:
-            cfg = TrainConfig(**{k: v for k, v in tb.items() if k != "cache"}, seed=seed)
+            cfg = TrainConfig(**{k: v for k, v in tb.items() if k not in ("cache", "trainable")}, seed=seed)
+            frozen = [p for n, p in model.named_parameters() if tb.get("trainable") == "head" and
+                      not n.startswith("head.")]
+            for p in frozen:
+                p.requires_grad_(False)
             train(model, data.train, data.val, cfg, desc=f"train base (seed {seed})")
+            for p in frozen:
+                p.requires_grad_(True)
             if cached is not None and is_main():
                 save_weights(model.state_dict(), cached)
     return model.eval()

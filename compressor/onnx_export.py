@@ -31,13 +31,13 @@ def export_onnx(model: nn.Module, example: torch.Tensor, path: Path, atol: float
         wrapped,
         (example,),
         str(path),
-        input_names=["pixels"],
+        input_names=["inputs"],
         dynamo=False,
-        dynamic_axes={"pixels": {0: "batch"}},
+        dynamic_axes={"inputs": {0: "batch"}},
         opset_version=17,
     )
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    got = sess.run(None, {"pixels": example.numpy()})
+    got = sess.run(None, {"inputs": example.numpy()})
     for r, g in zip(ref, got):
         if not np.allclose(r.numpy(), g, atol=atol, rtol=1e-4):
             raise RuntimeError(f"{path}: onnxruntime output differs from torch by {np.abs(r.numpy() - g).max():.2e}")

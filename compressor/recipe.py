@@ -58,21 +58,24 @@ TRAIN_FIELDS: dict[str, Field] = {
 }
 
 MODEL_SCHEMA: dict[str, Field] = {
-    "source": Field((str,), "timm", choices=("timm", "checkpoint"), doc="where the base model comes from"),
-    "name": Field((str,), required=True, doc="timm model name, e.g. vit_tiny_patch16_224"),
+    "source": Field((str,), "timm", choices=("timm", "checkpoint", "hf"), doc="where the base model comes from"),
+    "name": Field((str,), required=True,
+                  doc="timm model name (vit_tiny_patch16_224), or for hf a folder, hub name or 'minilm'"),
     "pretrained": Field((bool,), False, doc="load timm's pretrained weights (needs network)"),
     "checkpoint": Field((str, type(None)), None, doc="local .safetensors weights for this architecture"),
     "kwargs": Field((dict,), {}, doc="extra timm.create_model arguments (img_size, depth, num_heads, ...)"),
     "train_base": Field(
         (dict, type(None)),
         None,
-        schema={**TRAIN_FIELDS, "cache": Field((bool,), True)},
+        schema={**TRAIN_FIELDS, "cache": Field((bool,), True),
+                "trainable": Field((str,), "all", choices=("all", "head"), doc="head: train the classifier only")},
         doc="train the base model on the data's train split first",
     ),
 }
 
 DATA_SCHEMA: dict[str, Field] = {
-    "source": Field((str,), "digits", choices=("digits", "image_folder")),
+    "source": Field((str,), "digits", choices=("digits", "image_folder", "text")),
+    "max_length": Field((int,), 48, check=_positive, doc="text: tokens per sentence"),
     "root": Field((str, type(None)), None, doc="image_folder: folder with train/<class>/ and val/<class>/"),
     "ood_roots": Field((list,), [], doc="image_folder: folders of OOD images"),
     "img_size": Field((int,), 16, check=_positive, doc="digits: upsampled image size"),
@@ -272,6 +275,9 @@ def validate_recipe(raw: Any, where: str = "<recipe>") -> Recipe:
         if m[key] and not Path(m[key]).is_file():
             raise RecipeError(f"{where}: model.{key}: no such file '{m[key]}'")
     d = top["data"]
+    if (m["source"] == "hf") != (d["source"] == "text"):
+        raise RecipeError(f"{where}: data.source: model.source 'hf' goes with data.source 'text' (and only it); "
+                          f"got model.source '{m['source']}' with data.source '{d['source']}'")
     if d["source"] == "image_folder":
         if not d["root"]:
             raise RecipeError(f"{where}: data.root: missing; expected a folder for source: image_folder")

@@ -66,6 +66,10 @@ class Runner:
         d = self.recipe.data
         if d["source"] == "digits":
             return digits_bundle(img_size=d["img_size"], seed=d["seed"])
+        if d["source"] == "text":
+            from compressor.text import text_bundle
+
+            return text_bundle(self.recipe.model["name"], d["max_length"], seed=d["seed"])
         return image_folder_bundle(d["root"], model_for_transforms, d["ood_roots"], seed=d["seed"])
 
     def setup(self) -> RunState:
@@ -205,11 +209,17 @@ class Runner:
         if model is None:
             raise RuntimeError("export needs a merge step before it (hydra or plain)")
         r = self.recipe
-        base_info = {
-            "source": "timm",
-            "name": r.model["name"],
-            "kwargs": {**r.model["kwargs"], "num_classes": state.data.num_classes, "in_chans": state.data.in_chans},
-        }
+        if r.model["source"] == "hf":
+            enc = state.base.encoder
+            base_info = {"source": "hf", "name": r.model["name"], "encoder_config": enc.config.to_dict(),
+                         "num_classes": state.data.num_classes, "pad_token_id": state.base.pad_token_id}
+        else:
+            base_info = {
+                "source": "timm",
+                "name": r.model["name"],
+                "kwargs": {**r.model["kwargs"], "num_classes": state.data.num_classes,
+                           "in_chans": state.data.in_chans},
+            }
         example = next(iter(torch.utils.data.DataLoader(state.data.test, batch_size=2)))[0] if cfg["onnx"] else None
         if not is_main():
             return

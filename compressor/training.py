@@ -95,7 +95,7 @@ def train(model: nn.Module, train_ds: Dataset, val_ds: Dataset | None, cfg: Trai
             step += 1
             history["loss"].append(float(loss.detach()))
             bar.update(1)
-            bar.set_postfix(loss=f"{float(loss):.3f}")
+            bar.set_postfix(loss=f"{history['loss'][-1]:.3f}")
             if val_ds is not None and (step % cfg.eval_every == 0 or step == cfg.steps):
                 v = heldout_nll(model, val_ds)
                 history["val_nll"].append((step, v))

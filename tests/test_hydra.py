@@ -174,3 +174,23 @@ def test_compile_export_and_no_grad():
         assert_close(compiled(x).member_logits, ref)
     exported = torch.export.export(fused, (x,))
     assert_close(exported.module()(x).member_logits, ref)
+
+
+def test_grouped_linear_inference_path_equals_batched_and_reference():
+    """The CPU inference path (one GEMM per member) equals baddbmm and each member's own Linear."""
+    from mergers.hydra.layers import GroupedLinear, _use_member_gemms
+
+    torch.manual_seed(0)
+    layer = GroupedLinear([64, 64, 64], [96, 80, 96])  # unequal groups: padded
+    refs = [torch.nn.Linear(64, o) for o in (96, 80, 96)]
+    for m, r in enumerate(refs):
+        layer.set_member(m, r.weight, r.bias)
+    x = torch.randn(3, 2048, 64)
+    batched = layer(x)  # grad enabled: baddbmm
+    with torch.no_grad():
+        assert _use_member_gemms(x, layer.weight)
+        per_member = layer(x)
+    assert_close(per_member, batched)
+    for m, r in enumerate(refs):
+        assert_close(batched[m, :, : r.out_features], r(x[m]))
+        assert float(batched[m, :, r.out_features:].abs().sum()) == 0.0

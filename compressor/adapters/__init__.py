@@ -5,9 +5,10 @@ from __future__ import annotations
 from torch import nn
 
 from compressor.adapters.base import HeadWeights, ModelAdapter
+from compressor.adapters.hf import HFEncoderAdapter
 from compressor.adapters.timm_vit import TimmViTAdapter
 
-ADAPTERS: list[type[ModelAdapter]] = [TimmViTAdapter]
+ADAPTERS: list[type[ModelAdapter]] = [TimmViTAdapter, HFEncoderAdapter]
 
 
 def get_adapter(model: nn.Module) -> ModelAdapter:
@@ -19,4 +20,4 @@ def get_adapter(model: nn.Module) -> ModelAdapter:
     raise TypeError(f"no adapter for {type(model).__name__}; supported families: {names}")
 
 
-__all__ = ["ADAPTERS", "HeadWeights", "ModelAdapter", "TimmViTAdapter", "get_adapter"]
+__all__ = ["ADAPTERS", "HFEncoderAdapter", "HeadWeights", "ModelAdapter", "TimmViTAdapter", "get_adapter"]

@@ -31,7 +31,11 @@ class HydraMerger(Merger):
         masks: Sequence[HeadMask],
         members: Sequence[nn.Module] | None = None,
         calibration: Sequence[torch.Tensor] | None = None,
-    ) -> HydraViT:
+    ) -> nn.Module:
+        from mergers.hydra.bert import build_hydra_bert, is_bert_classifier
+
+        if is_bert_classifier(base):
+            return build_hydra_bert(base, masks, members, self.mlp, self.mlp_keep_ratio)
         return build_hydra_vit(base, masks, members, self.mlp, self.mlp_keep_ratio, calibration)
 
 

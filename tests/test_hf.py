@@ -1,0 +1,190 @@
+"""HF transformers adapter on the real all-MiniLM-L6-v2 (BERT, 6 layers x 12 heads), offline."""
+
+import copy
+
+import pytest
+import torch
+from transformers import AutoModel, AutoTokenizer
+
+from compressor.adapters import HFEncoderAdapter, get_adapter
+from compressor.masks import HeadMask
+from compressor.registry import resolve
+from compressor.text import MeanPoolClassifier, minilm_path
+from mergers.plain import prune_physically
+
+SENTENCES = [
+    "a gripping, beautifully acted film", "dull and far too long", "the best thing i have seen this year",
+    "an incoherent mess", "warm, funny and wise", "i wanted my two hours back",
+    "a quiet triumph", "painfully predictable",
+]
+LABELS = torch.tensor([1, 0, 1, 0, 1, 0, 1, 0])
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    torch.manual_seed(0)
+    encoder = AutoModel.from_pretrained(str(minilm_path()))
+    tok = AutoTokenizer.from_pretrained(str(minilm_path()))
+    ids = tok(SENTENCES, padding=True, return_tensors="pt")["input_ids"]
+    return MeanPoolClassifier(encoder, 2).eval(), ids
+
+
+def test_adapter_sees_minilm_heads(minilm):
+    model, _ = minilm
+    adapter = get_adapter(model)
+    assert isinstance(adapter, HFEncoderAdapter)
+    assert adapter.heads_per_block() == [12] * 6 and adapter.head_dim(0) == 32
+
+
+def test_gates_change_the_output_and_zero_gates_equal_removed_heads(minilm):
+    model, ids = minilm
+    ref = model(ids)
+    mask = HeadMask.from_kept([list(range(0, 12, 2))] * 3 + [[1, 5, 7]] * 3, [12] * 6)
+    masked = copy.deepcopy(model)
+    get_adapter(masked).apply_mask(mask)
+    out_masked = masked(ids)
+    assert (out_masked - ref).abs().max() > 1e-3, "gating must have an effect (head_mask alone does not)"
+    pruned = prune_physically(model, mask)
+    torch.testing.assert_close(pruned(ids), out_masked, rtol=1e-5, atol=1e-5)
+    assert [a.num_attention_heads for a in (layer.attention.self for layer in pruned.encoder.encoder.layer)] == [
+        6, 6, 6, 3, 3, 3]
+    n = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert n(pruned) < n(model)
+
+
+@pytest.mark.parametrize("name", ["magnitude", "taylor", "gradient_free", "random", "disjoint"])
+def test_every_pruner_scores_minilm(minilm, name):
+    model, ids = minilm
+    data = [(ids[:4], LABELS[:4]), (ids[4:], LABELS[4:])]
+    opts = {"members": 3, "seed": 0} if name == "disjoint" else {"members": 3, "keep_ratio": 0.25, "seed": 0}
+    if name == "gradient_free":
+        opts["diversity"] = "none"
+    masks = resolve("pruner", name)(**opts).prune(get_adapter(model), data, data)
+    assert len(set(masks)) == 3
+    assert all(m.heads_per_block() == [12] * 6 for m in masks)
+
+
+def _tiny_hf(kind: str):
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPVisionConfig, CLIPVisionModel, ViTConfig, ViTModel
+
+    torch.manual_seed(0)
+    common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+    if kind == "vit":
+        return ViTModel(ViTConfig(image_size=16, patch_size=8, num_channels=3, **common)).eval()
+    if kind == "clip_vision":
+        return CLIPVisionModel(CLIPVisionConfig(image_size=16, patch_size=8, **common)).eval()
+    return CLIPTextModel(CLIPTextConfig(vocab_size=50, max_position_embeddings=16, **common)).eval()
+
+
+@pytest.mark.parametrize("kind", ["vit", "clip_vision", "clip_text"])
+def test_vit_and_clip_towers(kind):
+    model = _tiny_hf(kind)
+    x = torch.randint(0, 50, (2, 7)) if kind == "clip_text" else torch.randn(2, 3, 16, 16)
+    adapter = get_adapter(model)
+    assert adapter.heads_per_block() == [4, 4]
+    mask = HeadMask.from_kept([[0, 3], [2]], [4, 4])
+    masked = copy.deepcopy(model)
+    get_adapter(masked).apply_mask(mask)
+    ref = adapter.logits(x)
+    out = get_adapter(masked).logits(x)
+    assert (out - ref).abs().max() > 1e-4
+    pruned = prune_physically(model, mask)
+    torch.testing.assert_close(get_adapter(pruned).logits(x), out, rtol=1e-5, atol=1e-5)
+
+
+def _perturbed(model, masks, scale=0.02):
+    out = []
+    for i, mask in enumerate(masks):
+        torch.manual_seed(10 + i)
+        member = copy.deepcopy(model)
+        with torch.no_grad():
+            for p in member.parameters():
+                p.add_(scale * torch.randn_like(p))
+        get_adapter(member).apply_mask(mask)
+        out.append(member)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["average", "grouped", "pruned"])
+def test_hydra_minilm_equals_masked_members(minilm, mode):
+    from mergers.hydra import HydraMerger
+
+    model, ids = minilm
+    heads = [12] * 6
+    g = torch.Generator().manual_seed(1)
+    masks = [HeadMask.from_kept([torch.randperm(12, generator=g)[: 2 + 3 * m + b % 2].tolist() for b in range(6)],
+                                heads) for m in range(3)]
+    fused = HydraMerger(mlp=mode).merge(model, masks)
+    out = fused(ids).member_logits
+    for i, mask in enumerate(masks):
+        ref = copy.deepcopy(model)
+        get_adapter(ref).apply_mask(mask)
+        if mode == "pruned":
+            for layer, kept in zip(ref.encoder.encoder.layer, fused.mlp_kept[i]):
+                drop = torch.ones(layer.output.dense.in_features, dtype=torch.bool)
+                drop[kept] = False
+                with torch.no_grad():
+                    layer.output.dense.weight[:, drop] = 0
+        torch.testing.assert_close(out[i], ref(ids), rtol=1e-5, atol=1e-5)
+
+
+def test_hydra_minilm_fine_tuned_members(minilm):
+    from mergers.hydra import HydraMerger
+
+    model, ids = minilm
+    masks = [HeadMask.from_kept([[m, m + 3, 11 - m]] * 6, [12] * 6) for m in range(3)]
+    members = _perturbed(model, masks)
+    fused = HydraMerger(mlp="grouped").merge(model, masks, members)
+    assert not fused.spec.shared["embeddings"]
+    out = fused(ids).member_logits
+    for i, member in enumerate(members):
+        torch.testing.assert_close(out[i], member(ids), rtol=1e-5, atol=1e-5)
+
+
+def _hf_base_info(model):
+    return {"source": "hf", "encoder_config": model.encoder.config.to_dict(), "num_classes": 2, "pad_token_id": 0}
+
+
+def test_export_round_trips_for_minilm(minilm, tmp_path):
+    import compressor
+    from compressor.export import export_model
+    from mergers.hydra import HydraMerger
+
+    model, ids = minilm
+    masks = [HeadMask.from_kept([[m, m + 4, 11 - m]] * 6, [12] * 6) for m in range(3)]
+    fused = HydraMerger(mlp="pruned").merge(model, masks)
+    export_model(fused, tmp_path / "hydra", _hf_base_info(model), masks, ["neg", "pos"])
+    loaded = compressor.load(tmp_path / "hydra")
+    assert torch.equal(loaded(ids).member_logits, fused(ids).member_logits)
+
+    pruned = prune_physically(model, masks[0])
+    export_model(pruned, tmp_path / "plain", _hf_base_info(model), masks[:1])
+    again = compressor.load(tmp_path / "plain")
+    assert torch.equal(again(ids), pruned(ids))
+    # without this project: transformers alone loads the pruned encoder (removed heads are zeros)
+    encoder = AutoModel.from_pretrained(str(tmp_path / "plain" / "hf_encoder")).eval()
+    mask = (ids != 0).long()
+    with torch.no_grad():
+        ours = pruned.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+        theirs = encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+    torch.testing.assert_close(theirs, ours, rtol=1e-5, atol=1e-5)
+
+
+def test_onnx_export_of_fused_model_matches_torch(tmp_path):
+    """The optional ONNX export of a fused Hydra ViT, checked with onnxruntime against torch."""
+    import onnxruntime as ort
+
+    from compressor.onnx_export import export_onnx
+    from mergers.hydra import build_hydra_vit
+    from tests.conftest import make_vit
+
+    vit = make_vit()
+    fused = build_hydra_vit(vit, [HeadMask.from_kept([[0, 1], [2]], [4, 4]), HeadMask.from_kept([[3], [0, 1]], [4, 4])],
+                            mlp_mode="grouped").eval()
+    x = torch.randn(3, 1, 16, 16)
+    export_onnx(fused, x, tmp_path / "m.onnx")  # raises if onnxruntime disagrees with torch
+    sess = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    x5 = torch.randn(5, 1, 16, 16)  # another batch size: the batch axis is dynamic
+    got = sess.run(None, {"inputs": x5.numpy()})
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(got[0]), fused(x5).member_logits, rtol=1e-4, atol=1e-4)
