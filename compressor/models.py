@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -33,8 +34,19 @@ def _cache_key(model_cfg: dict, data_cfg: dict, seed: int) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def build_base(model_cfg: dict, data: DataBundle, data_cfg: dict, seed: int, cache_dir: Path | None) -> nn.Module:
-    """The recipe's base model: created by timm, loaded from a checkpoint and/or trained here."""
+def build_base(
+    model_cfg: dict,
+    data: DataBundle,
+    data_cfg: dict,
+    seed: int,
+    cache_dir: Path | None,
+    preflight: Callable[[nn.Module], None] | None = None,
+) -> nn.Module:
+    """The recipe's base model: created by timm/transformers, loaded from a checkpoint and/or trained here.
+
+    `preflight(model)` runs on the created model before any weights are loaded or trained, so that
+    checks that need the architecture (head counts against keep ratios) fail before long work.
+    """
     torch.manual_seed(seed)
     if model_cfg["source"] == "hf":
         from compressor.text import load_hf_classifier
@@ -44,8 +56,14 @@ def build_base(model_cfg: dict, data: DataBundle, data_cfg: dict, seed: int, cac
         model = create_timm(
             model_cfg["name"], model_cfg["kwargs"], data.num_classes, data.in_chans, pretrained=model_cfg["pretrained"]
         )
+    if preflight is not None:
+        preflight(model)
     if model_cfg["checkpoint"]:
-        model.load_state_dict(load_weights(model_cfg["checkpoint"]))
+        try:
+            model.load_state_dict(load_weights(model_cfg["checkpoint"]))
+        except RuntimeError as e:
+            raise ValueError(f"model.checkpoint: {model_cfg['checkpoint']}: weights do not fit '{model_cfg['name']}' "
+                             f"({str(e).splitlines()[0]})") from e
     tb = model_cfg.get("train_base")
     if tb:
         key = _cache_key(model_cfg, data_cfg, seed)

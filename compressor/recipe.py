@@ -271,9 +271,15 @@ def validate_recipe(raw: Any, where: str = "<recipe>") -> Recipe:
     m = top["model"]
     if m["source"] == "checkpoint" and not m["checkpoint"]:
         raise RecipeError(f"{where}: model.checkpoint: missing; expected a .safetensors path for source: checkpoint")
-    for key in ("checkpoint",):
-        if m[key] and not Path(m[key]).is_file():
-            raise RecipeError(f"{where}: model.{key}: no such file '{m[key]}'")
+    if m["checkpoint"] and not Path(m["checkpoint"]).is_file():
+        raise RecipeError(f"{where}: model.checkpoint: no such file '{m['checkpoint']}'")
+    if m["source"] in ("timm", "checkpoint"):
+        import timm
+
+        if not timm.is_model(m["name"]):
+            close = timm.list_models(f"*{m['name'].split('_')[0]}*")[:6]
+            hint = f"; similar: {', '.join(close)}" if close else ""
+            raise RecipeError(f"{where}: model.name: unknown timm model '{m['name']}'{hint}")
     d = top["data"]
     if (m["source"] == "hf") != (d["source"] == "text"):
         raise RecipeError(f"{where}: data.source: model.source 'hf' goes with data.source 'text' (and only it); "

@@ -17,7 +17,7 @@ from compressor.distributed import barrier, init_from_env, is_main, world_size
 from compressor.evaluate import evaluate_models
 from compressor.export import export_model
 from compressor.io import atomic_write_text
-from compressor.masks import HeadMask, save_masks
+from compressor.masks import HeadMask, MaskError, save_masks
 from compressor.models import build_base
 from compressor.plots import head_importance_heatmaps, reliability_diagram
 from compressor.predict import DeepEnsemble, MCDropout, predict
@@ -83,8 +83,23 @@ class Runner:
             data = self.load_data(probe)
         else:
             data = self.load_data()
-        base = build_base(r.model, data, r.data, r.seed, cache_dir=Path("runs") / ".cache")
+        base = build_base(r.model, data, r.data, r.seed, cache_dir=Path("runs") / ".cache", preflight=self.preflight)
         return RunState(base=base, data=data)
+
+    def preflight(self, model: nn.Module) -> None:
+        """Checks that need the architecture, before any training: every prune step's head counts."""
+        adapter = get_adapter(model)
+        for i, (kind, cfg) in enumerate(self.recipe.steps):
+            if kind != "prune":
+                continue
+            options = {k: v for k, v in cfg.items() if k != "pruner"}
+            pruner = resolve("pruner", cfg["pruner"])(**options)
+            try:
+                for m in range(pruner.members):
+                    for h in adapter.heads_per_block():
+                        pruner.num_keep(h, m)
+            except MaskError as e:
+                raise MaskError(f"{self.recipe.path}: steps[{i}].prune: {e}") from e
 
     def calibration(self, state: RunState) -> tuple[list, list]:
         d = self.recipe.data

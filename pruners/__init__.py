@@ -2,6 +2,7 @@
 
 from pruners.base import Pruner, make_distinct
 from pruners.disjoint import DisjointPruner
+from pruners.from_file import MaskFilePruner
 from pruners.gradient_free import GradientFreePruner
 from pruners.magnitude import MagnitudePruner
 from pruners.random import RandomPruner
@@ -10,6 +11,7 @@ from pruners.taylor import TaylorPruner
 
 __all__ = [
     "DisjointPruner",
+    "MaskFilePruner",
     "GradientFreePruner",
     "MagnitudePruner",
     "Pruner",

@@ -1,0 +1,32 @@
+"""Masks read from a JSON file (for example an earlier run's masks.json): reuse a selection as is."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from compressor.adapters import ModelAdapter
+from compressor.masks import HeadMask, MaskError, load_masks
+from compressor.registry import register_pruner
+from pruners.base import Batch, Pruner
+
+
+@register_pruner("file")
+class MaskFilePruner(Pruner):
+    """Load the members' head masks from a masks.json file (checked against the model)."""
+
+    def __init__(self, path: str = "masks.json", **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.path = path
+        if not Path(path).is_file():
+            raise ValueError(f"path: no such mask file '{path}'")
+
+    def prune(
+        self, adapter: ModelAdapter, calibration: Sequence[Batch] = (), heldout: Sequence[Batch] | None = None
+    ) -> list[HeadMask]:
+        masks = load_masks(self.path)
+        if len(masks) < self.members:
+            raise MaskError(f"{self.path}: holds {len(masks)} members, the recipe asks for {self.members}")
+        for i, m in enumerate(masks[: self.members]):
+            m.validate(adapter.heads_per_block(), self.allow_empty_blocks, where=f"{self.path}: members[{i}]")
+        return masks[: self.members]
