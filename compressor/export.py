@@ -39,13 +39,13 @@ def library_versions() -> dict[str, str]:
 
 def describe(model: nn.Module, base_info: dict) -> dict:
     """The architecture part of config.json for a merged model."""
-    from mergers.hydra.bert import HydraBert
+    from mergers.hydra.hf import HydraHF
     from mergers.hydra.model import HydraViT
 
-    if isinstance(model, (HydraViT, HydraBert)):
+    if isinstance(model, (HydraViT, HydraHF)):
         return {
             "kind": "hydra",
-            "family": "timm_vit" if isinstance(model, HydraViT) else "hf_bert",
+            "family": "timm_vit" if isinstance(model, HydraViT) else f"hf_{model.spec.family}",
             "hydra_spec": model.spec.to_dict(),
             "members": model.members,
             "mlp_mode": model.spec.mlp_mode,
@@ -177,10 +177,10 @@ def load_export(path: str | Path, map_location: str = "cpu") -> nn.Module:
         from mergers.hydra.model import HydraSpec, HydraViT
 
         model = HydraViT(HydraSpec.from_dict(cfg["hydra_spec"]))
-    elif (kind, family) == ("hydra", "hf_bert"):
-        from mergers.hydra.bert import HydraBert, HydraBertSpec
+    elif kind == "hydra" and family in ("hf_bert", "hf_vit"):
+        from mergers.hydra.hf import HydraHF, HydraHFSpec
 
-        model = HydraBert(HydraBertSpec.from_dict(cfg["hydra_spec"]))
+        model = HydraHF(HydraHFSpec.from_dict(cfg["hydra_spec"]))
     elif (kind, family) == ("plain", "timm_vit"):
         model = build_plain_timm(cfg["base"], cfg["heads"])
     elif (kind, family) == ("plain", "hf_encoder"):

@@ -188,3 +188,46 @@ def test_onnx_export_of_fused_model_matches_torch(tmp_path):
     got = sess.run(None, {"inputs": x5.numpy()})
     with torch.no_grad():
         torch.testing.assert_close(torch.from_numpy(got[0]), fused(x5).member_logits, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["average", "grouped", "pruned"])
+def test_hydra_hf_vit_equals_masked_members(mode, tmp_path):
+    from transformers import ViTConfig, ViTForImageClassification
+
+    import compressor
+    from compressor.export import export_model
+    from mergers.hydra import HydraMerger
+
+    torch.manual_seed(0)
+    cfg = ViTConfig(image_size=16, patch_size=8, num_channels=3, hidden_size=32, num_hidden_layers=2,
+                    num_attention_heads=4, intermediate_size=64, num_labels=5)
+    vit = ViTForImageClassification(cfg).eval()
+    with torch.no_grad():
+        for name, p in vit.named_parameters():
+            if "bias" in name or "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    masks = [HeadMask.from_kept([[0, 1, 2], [3]], [4, 4]), HeadMask.from_kept([[3], [0, 2]], [4, 4])]
+    members = _perturbed(vit, masks) if mode == "grouped" else None
+    fused = HydraMerger(mlp=mode).merge(vit, masks, members)
+    x = torch.randn(3, 3, 16, 16)
+    out = fused(x).member_logits
+    for i, mask in enumerate(masks):
+        ref = members[i] if members else copy.deepcopy(vit)
+        get_adapter(ref).apply_mask(mask)
+        if mode == "pruned":
+            for layer, kept in zip(ref.vit.layers, fused.mlp_kept[i]):
+                drop = torch.ones(layer.mlp.fc2.in_features, dtype=torch.bool)
+                drop[kept] = False
+                with torch.no_grad():
+                    layer.mlp.fc2.weight[:, drop] = 0
+        torch.testing.assert_close(out[i], ref(x).logits, rtol=1e-5, atol=1e-5)
+    export_model(fused, tmp_path / "e", {"source": "hf"}, masks)
+    assert torch.equal(compressor.load(tmp_path / "e")(x).member_logits, out)
+
+
+def test_hydra_refuses_clip_towers_clearly():
+    from mergers.hydra import HydraMerger
+
+    model = _tiny_hf("clip_text")
+    with pytest.raises(NotImplementedError, match="CLIPTextModel is not supported"):
+        HydraMerger().merge(model, [HeadMask.full([4, 4])])

@@ -32,11 +32,12 @@ class HydraMerger(Merger):
         members: Sequence[nn.Module] | None = None,
         calibration: Sequence[torch.Tensor] | None = None,
     ) -> nn.Module:
-        from mergers.hydra.bert import build_hydra_bert, is_bert_classifier
+        from compressor.adapters import TimmViTAdapter
+        from mergers.hydra.hf import build_hydra_hf
 
-        if is_bert_classifier(base):
-            return build_hydra_bert(base, masks, members, self.mlp, self.mlp_keep_ratio)
-        return build_hydra_vit(base, masks, members, self.mlp, self.mlp_keep_ratio, calibration)
+        if TimmViTAdapter.matches(base):
+            return build_hydra_vit(base, masks, members, self.mlp, self.mlp_keep_ratio, calibration)
+        return build_hydra_hf(base, masks, members, self.mlp, self.mlp_keep_ratio)
 
 
 __all__ = [
