@@ -79,8 +79,9 @@ def peak_memory_child(shape: str, kind: str, batch: int) -> None:
 
 
 def peak_memory(shape: str, kind: str, batch: int) -> float:
-    out = subprocess.run([sys.executable, __file__, "--child", shape, kind, str(batch)], capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", shape, kind, str(batch)], capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])["peak_mb"]
 
 
@@ -109,8 +110,10 @@ def main() -> None:
         peak_memory_child(args.child[0], args.child[1], int(args.child[2]))
         return
     torch.manual_seed(0)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, CPU; "
-          f"median of {args.repeats} round-robin rounds\n")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, CPU; "
+        f"median of {args.repeats} round-robin rounds\n"
+    )
     print("| shape | batch | model | latency ms | x single | peak MB | x single | GFLOPs | x single | params M |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for shape in args.shapes:
@@ -122,9 +125,12 @@ def main() -> None:
             mem = {k: (float("nan") if args.no_memory else peak_memory(shape, k, batch)) for k in models}
             for k, m in models.items():
                 params = sum(q.numel() for q in m.parameters()) / 1e6
-                print(f"| {shape} | {batch} | {k} | {lat[k] * 1e3:.1f} | {lat[k] / lat['single']:.2f} | "
-                      f"{mem[k]:.0f} | {mem[k] / max(mem['single'], 1e-9):.2f} | {fl[k] / 1e9:.1f} | "
-                      f"{fl[k] / fl['single']:.2f} | {params:.1f} |", flush=True)
+                print(
+                    f"| {shape} | {batch} | {k} | {lat[k] * 1e3:.1f} | {lat[k] / lat['single']:.2f} | "
+                    f"{mem[k]:.0f} | {mem[k] / max(mem['single'], 1e-9):.2f} | {fl[k] / 1e9:.1f} | "
+                    f"{fl[k] / fl['single']:.2f} | {params:.1f} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

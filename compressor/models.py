@@ -62,8 +62,10 @@ def build_base(
         try:
             model.load_state_dict(load_weights(model_cfg["checkpoint"]))
         except RuntimeError as e:
-            raise ValueError(f"model.checkpoint: {model_cfg['checkpoint']}: weights do not fit '{model_cfg['name']}' "
-                             f"({str(e).splitlines()[0]})") from e
+            raise ValueError(
+                f"model.checkpoint: {model_cfg['checkpoint']}: weights do not fit '{model_cfg['name']}' "
+                f"({str(e).splitlines()[0]})"
+            ) from e
     tb = model_cfg.get("train_base")
     if tb:
         key = _cache_key(model_cfg, data_cfg, seed)
@@ -72,8 +74,9 @@ def build_base(
             model.load_state_dict(load_weights(cached))
         else:
             cfg = TrainConfig(**{k: v for k, v in tb.items() if k not in ("cache", "trainable")}, seed=seed)
-            frozen = [p for n, p in model.named_parameters() if tb.get("trainable") == "head" and
-                      not n.startswith("head.")]
+            frozen = [
+                p for n, p in model.named_parameters() if tb.get("trainable") == "head" and not n.startswith("head.")
+            ]
             for p in frozen:
                 p.requires_grad_(False)
             train(model, data.train, data.val, cfg, desc=f"train base (seed {seed})")

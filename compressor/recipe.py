@@ -59,16 +59,20 @@ TRAIN_FIELDS: dict[str, Field] = {
 
 MODEL_SCHEMA: dict[str, Field] = {
     "source": Field((str,), "timm", choices=("timm", "checkpoint", "hf"), doc="where the base model comes from"),
-    "name": Field((str,), required=True,
-                  doc="timm model name (vit_tiny_patch16_224), or for hf a folder, hub name or 'minilm'"),
+    "name": Field(
+        (str,), required=True, doc="timm model name (vit_tiny_patch16_224), or for hf a folder, hub name or 'minilm'"
+    ),
     "pretrained": Field((bool,), False, doc="load timm's pretrained weights (needs network)"),
     "checkpoint": Field((str, type(None)), None, doc="local .safetensors weights for this architecture"),
     "kwargs": Field((dict,), {}, doc="extra timm.create_model arguments (img_size, depth, num_heads, ...)"),
     "train_base": Field(
         (dict, type(None)),
         None,
-        schema={**TRAIN_FIELDS, "cache": Field((bool,), True),
-                "trainable": Field((str,), "all", choices=("all", "head"), doc="head: train the classifier only")},
+        schema={
+            **TRAIN_FIELDS,
+            "cache": Field((bool,), True),
+            "trainable": Field((str,), "all", choices=("all", "head"), doc="head: train the classifier only"),
+        },
         doc="train the base model on the data's train split first",
     ),
 }
@@ -111,8 +115,12 @@ EXPORT_SCHEMA: dict[str, Field] = {
     "onnx": Field((bool,), False, doc="also write model.onnx (needs onnx and onnxruntime)"),
 }
 DISTRIBUTED_SCHEMA: dict[str, Field] = {
-    "backend": Field((str,), "auto", choices=("auto", "gloo", "nccl"),
-                     doc="auto: NCCL when GPUs are visible, gloo on the CPU; used only under torchrun"),
+    "backend": Field(
+        (str,),
+        "auto",
+        choices=("auto", "gloo", "nccl"),
+        doc="auto: NCCL when GPUs are visible, gloo on the CPU; used only under torchrun",
+    ),
     "timeout_s": Field((int,), 1800, check=_positive, doc="collective-operation timeout"),
 }
 STEP_SCHEMAS = {
@@ -282,8 +290,10 @@ def validate_recipe(raw: Any, where: str = "<recipe>") -> Recipe:
             raise RecipeError(f"{where}: model.name: unknown timm model '{m['name']}'{hint}")
     d = top["data"]
     if (m["source"] == "hf") != (d["source"] == "text"):
-        raise RecipeError(f"{where}: data.source: model.source 'hf' goes with data.source 'text' (and only it); "
-                          f"got model.source '{m['source']}' with data.source '{d['source']}'")
+        raise RecipeError(
+            f"{where}: data.source: model.source 'hf' goes with data.source 'text' (and only it); "
+            f"got model.source '{m['source']}' with data.source '{d['source']}'"
+        )
     if d["source"] == "image_folder":
         if not d["root"]:
             raise RecipeError(f"{where}: data.root: missing; expected a folder for source: image_folder")

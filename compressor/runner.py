@@ -207,8 +207,9 @@ class Runner:
             models[result[0]] = result[1]
         models.update(self.baseline_models(state, cfg["baselines"], cfg["deep_ensemble_size"]))
         reference = "base" if "base" in models else None
-        state.metrics = evaluate_models(models, state.data, self.out, self.recipe.data["batch_size"], reference,
-                                        write=is_main())
+        state.metrics = evaluate_models(
+            models, state.data, self.out, self.recipe.data["batch_size"], reference, write=is_main()
+        )
         if cfg["plots"] and is_main():
             plots = self.out / "plots"
             for name, model in models.items():
@@ -226,14 +227,18 @@ class Runner:
         r = self.recipe
         if r.model["source"] == "hf":
             enc = state.base.encoder
-            base_info = {"source": "hf", "name": r.model["name"], "encoder_config": enc.config.to_dict(),
-                         "num_classes": state.data.num_classes, "pad_token_id": state.base.pad_token_id}
+            base_info = {
+                "source": "hf",
+                "name": r.model["name"],
+                "encoder_config": enc.config.to_dict(),
+                "num_classes": state.data.num_classes,
+                "pad_token_id": state.base.pad_token_id,
+            }
         else:
             base_info = {
                 "source": "timm",
                 "name": r.model["name"],
-                "kwargs": {**r.model["kwargs"], "num_classes": state.data.num_classes,
-                           "in_chans": state.data.in_chans},
+                "kwargs": {**r.model["kwargs"], "num_classes": state.data.num_classes, "in_chans": state.data.in_chans},
             }
         example = next(iter(torch.utils.data.DataLoader(state.data.test, batch_size=2)))[0] if cfg["onnx"] else None
         if not is_main():
@@ -247,8 +252,9 @@ class Runner:
         dist_cfg = self.recipe.distributed
         if init_from_env(dist_cfg.get("backend", "auto"), dist_cfg.get("timeout_s", 1800)):
             self.say(f"distributed: {world_size()} processes")
-        bar = tqdm(total=len(steps) + 1, desc=f"{self.recipe.name}", disable=self.quiet or not is_main(),
-                   dynamic_ncols=True)
+        bar = tqdm(
+            total=len(steps) + 1, desc=f"{self.recipe.name}", disable=self.quiet or not is_main(), dynamic_ncols=True
+        )
         bar.set_postfix_str("model + data")
         state = self.setup()
         self.state = state

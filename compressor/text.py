@@ -48,8 +48,9 @@ def load_hf_classifier(name: str, num_classes: int) -> MeanPoolClassifier:
         encoder = AutoModel.from_pretrained(path)
         pad = AutoTokenizer.from_pretrained(path).pad_token_id or 0
     except OSError as e:
-        raise ValueError(f"model.name: cannot load transformers model '{name}' ({e.__class__.__name__}: "
-                         f"{str(e).splitlines()[0]})") from e
+        raise ValueError(
+            f"model.name: cannot load transformers model '{name}' ({e.__class__.__name__}: {str(e).splitlines()[0]})"
+        ) from e
     return MeanPoolClassifier(encoder, num_classes, pad)
 
 
@@ -78,14 +79,21 @@ def text_bundle(model_name: str, max_length: int = 48, seed: int = 0):
     plot = [r["text"] for r in rows if r["label"] == "plot"]
 
     def ids(texts):
-        return tok(texts, padding="max_length", truncation=True, max_length=max_length,
-                   return_tensors="pt")["input_ids"]
+        return tok(texts, padding="max_length", truncation=True, max_length=max_length, return_tensors="pt")[
+            "input_ids"
+        ]
 
     x = ids([r["text"] for r in labelled])
     y = torch.tensor([classes.index(r["label"]) for r in labelled])
     order = np.random.default_rng(seed).permutation(len(y))
     tr, va, te = np.split(order, [int(0.6 * len(y)), int(0.75 * len(y))])
     return DataBundle(
-        train=TensorDataset(x[tr], y[tr]), val=TensorDataset(x[va], y[va]), test=TensorDataset(x[te], y[te]),
-        ood={"plot_summaries": TensorDataset(ids(plot))}, shift={}, class_names=classes, in_chans=0, img_size=0,
+        train=TensorDataset(x[tr], y[tr]),
+        val=TensorDataset(x[va], y[va]),
+        test=TensorDataset(x[te], y[te]),
+        ood={"plot_summaries": TensorDataset(ids(plot))},
+        shift={},
+        class_names=classes,
+        in_chans=0,
+        img_size=0,
     )

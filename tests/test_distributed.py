@@ -39,8 +39,13 @@ def compute_everything() -> dict:
     data = digits_bundle()
     metrics = evaluate_model(vit, data, batch_size=101)
     tuned = copy.deepcopy(vit)
-    train(tuned, Subset(data.train, range(70)), Subset(data.val, range(40)),
-          TrainConfig(steps=4, batch_size=32, warmup_steps=1, eval_every=2), desc="ddp")
+    train(
+        tuned,
+        Subset(data.train, range(70)),
+        Subset(data.val, range(40)),
+        TrainConfig(steps=4, batch_size=32, warmup_steps=1, eval_every=2),
+        desc="ddp",
+    )
     return {
         "taylor": [s.tolist() for s in taylor_scores(adapter, calib)],
         "gf_scores": [s.tolist() for s in gf.last_scores[0]],
@@ -97,14 +102,36 @@ def test_compressor_apply_under_torchrun(tmp_path):
 
     from .helpers import ROOT, SMALL, run_cli
 
-    args = ["apply", str(ROOT / "recipes" / "vit_prune.yaml"), *SMALL, "--set", "steps.2.finetune.steps=3",
-            "--set", "steps.3.evaluate.plots=false", "--set", "model.train_base.cache=false"]
+    args = [
+        "apply",
+        str(ROOT / "recipes" / "vit_prune.yaml"),
+        *SMALL,
+        "--set",
+        "steps.2.finetune.steps=3",
+        "--set",
+        "steps.3.evaluate.plots=false",
+        "--set",
+        "model.train_base.cache=false",
+    ]
     single = run_cli([*args, "--out", str(tmp_path / "one")], tmp_path)
     assert single.returncode == 0, single.stderr[-2000:]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
-               PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), "-m", "compressor", *args, "--out", str(tmp_path / "two")]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONPATH=str(ROOT))
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        "-m",
+        "compressor",
+        *args,
+        "--out",
+        str(tmp_path / "two"),
+    ]
     multi = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert multi.returncode == 0, multi.stderr[-3000:]
     assert multi.stdout.count("done in") == 1, "only rank 0 reports and writes"
@@ -114,4 +141,5 @@ def test_compressor_apply_under_torchrun(tmp_path):
         for key in ("accuracy", "nll", "ece", "brier", "auroc_msp", "fpr95_msp"):
             assert b[model][key] == pytest.approx(a[model][key], rel=1e-3, abs=1e-4), (model, key)
     assert json.loads((tmp_path / "one" / "masks.json").read_text()) == json.loads(
-        (tmp_path / "two" / "masks.json").read_text())
+        (tmp_path / "two" / "masks.json").read_text()
+    )

@@ -90,8 +90,12 @@ def test_interrupted_export_leaves_the_previous_export_intact(tmp_path):
         w.save_file = slow_save
         export_model(build_hydra_vit(make_vit(seed=1), MASKS), {str(tmp_path / "exp")!r}, BASE_INFO, MASKS)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                            cwd=os.path.dirname(os.path.dirname(__file__)))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(__file__)),
+    )
     assert proc.stdout.readline().strip() == "written"
     proc.send_signal(signal.SIGKILL)
     proc.wait()

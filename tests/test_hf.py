@@ -13,9 +13,14 @@ from compressor.text import MeanPoolClassifier, minilm_path
 from mergers.plain import prune_physically
 
 SENTENCES = [
-    "a gripping, beautifully acted film", "dull and far too long", "the best thing i have seen this year",
-    "an incoherent mess", "warm, funny and wise", "i wanted my two hours back",
-    "a quiet triumph", "painfully predictable",
+    "a gripping, beautifully acted film",
+    "dull and far too long",
+    "the best thing i have seen this year",
+    "an incoherent mess",
+    "warm, funny and wise",
+    "i wanted my two hours back",
+    "a quiet triumph",
+    "painfully predictable",
 ]
 LABELS = torch.tensor([1, 0, 1, 0, 1, 0, 1, 0])
 
@@ -47,7 +52,13 @@ def test_gates_change_the_output_and_zero_gates_equal_removed_heads(minilm):
     pruned = prune_physically(model, mask)
     torch.testing.assert_close(pruned(ids), out_masked, rtol=1e-5, atol=1e-5)
     assert [a.num_attention_heads for a in (layer.attention.self for layer in pruned.encoder.encoder.layer)] == [
-        6, 6, 6, 3, 3, 3]
+        6,
+        6,
+        6,
+        3,
+        3,
+        3,
+    ]
     n = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     assert n(pruned) < n(model)
 
@@ -112,8 +123,10 @@ def test_hydra_minilm_equals_masked_members(minilm, mode):
     model, ids = minilm
     heads = [12] * 6
     g = torch.Generator().manual_seed(1)
-    masks = [HeadMask.from_kept([torch.randperm(12, generator=g)[: 2 + 3 * m + b % 2].tolist() for b in range(6)],
-                                heads) for m in range(3)]
+    masks = [
+        HeadMask.from_kept([torch.randperm(12, generator=g)[: 2 + 3 * m + b % 2].tolist() for b in range(6)], heads)
+        for m in range(3)
+    ]
     fused = HydraMerger(mlp=mode).merge(model, masks)
     out = fused(ids).member_logits
     for i, mask in enumerate(masks):
@@ -179,8 +192,9 @@ def test_onnx_export_of_fused_model_matches_torch(tmp_path):
     from tests.conftest import make_vit
 
     vit = make_vit()
-    fused = build_hydra_vit(vit, [HeadMask.from_kept([[0, 1], [2]], [4, 4]), HeadMask.from_kept([[3], [0, 1]], [4, 4])],
-                            mlp_mode="grouped").eval()
+    fused = build_hydra_vit(
+        vit, [HeadMask.from_kept([[0, 1], [2]], [4, 4]), HeadMask.from_kept([[3], [0, 1]], [4, 4])], mlp_mode="grouped"
+    ).eval()
     x = torch.randn(3, 1, 16, 16)
     export_onnx(fused, x, tmp_path / "m.onnx")  # raises if onnxruntime disagrees with torch
     sess = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
@@ -199,8 +213,16 @@ def test_hydra_hf_vit_equals_masked_members(mode, tmp_path):
     from mergers.hydra import HydraMerger
 
     torch.manual_seed(0)
-    cfg = ViTConfig(image_size=16, patch_size=8, num_channels=3, hidden_size=32, num_hidden_layers=2,
-                    num_attention_heads=4, intermediate_size=64, num_labels=5)
+    cfg = ViTConfig(
+        image_size=16,
+        patch_size=8,
+        num_channels=3,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        num_labels=5,
+    )
     vit = ViTForImageClassification(cfg).eval()
     with torch.no_grad():
         for name, p in vit.named_parameters():

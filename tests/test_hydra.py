@@ -193,4 +193,4 @@ def test_grouped_linear_inference_path_equals_batched_and_reference():
     assert_close(per_member, batched)
     for m, r in enumerate(refs):
         assert_close(batched[m, :, : r.out_features], r(x[m]))
-        assert float(batched[m, :, r.out_features:].abs().sum()) == 0.0
+        assert float(batched[m, :, r.out_features :].abs().sum()) == 0.0

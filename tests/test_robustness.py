@@ -18,15 +18,26 @@ def test_wrong_model_name(tmp_path):
 def test_corrupt_checkpoint_is_refused_without_unpickling(tmp_path):
     bad = tmp_path / "weights.safetensors"
     bad.write_bytes(b"\x80\x04\x95\x00 not safetensors, and pickle is never tried")
-    out = run_cli(["apply", PRUNE, *SMALL, "--set", "model.source=checkpoint", "--set", f"model.checkpoint={bad}",
-                   "--out", str(tmp_path / "run")], tmp_path)
+    out = run_cli(
+        [
+            "apply",
+            PRUNE,
+            *SMALL,
+            "--set",
+            "model.source=checkpoint",
+            "--set",
+            f"model.checkpoint={bad}",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        tmp_path,
+    )
     assert out.returncode == 1
     assert f"{bad}: not a valid safetensors file" in out.stderr
 
 
 def test_keep_ratio_that_removes_every_head_fails_before_training(tmp_path):
-    out = run_cli(["apply", PRUNE, "--set", "steps.0.prune.keep_ratio=0.01", "--out", str(tmp_path / "run")],
-                  tmp_path)
+    out = run_cli(["apply", PRUNE, "--set", "steps.0.prune.keep_ratio=0.01", "--out", str(tmp_path / "run")], tmp_path)
     assert out.returncode == 1
     assert "vit_prune.yaml: steps[0].prune: keep_ratio 0.01 keeps no head of 12 in a block" in out.stderr
     assert "train base" not in out.stderr, "must fail before the base model is trained"
@@ -35,8 +46,18 @@ def test_keep_ratio_that_removes_every_head_fails_before_training(tmp_path):
 def test_masks_of_the_wrong_shape(tmp_path):
     masks = tmp_path / "old_masks.json"
     save_masks(masks, [HeadMask.from_kept([[0, 1]] * 3, [4] * 3)])  # 3 blocks; the model has 2
-    out = run_cli(["apply", PRUNE, *SMALL, "--set", "steps.0.prune={pruner: file, members: 1, path: %s}" % masks,
-                   "--out", str(tmp_path / "run")], tmp_path)
+    out = run_cli(
+        [
+            "apply",
+            PRUNE,
+            *SMALL,
+            "--set",
+            f"steps.0.prune={{pruner: file, members: 1, path: {masks}}}",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        tmp_path,
+    )
     assert out.returncode == 1
     assert f"{masks}: members[0]: has 3 blocks, the model has 2 attention blocks" in out.stderr
     missing = run_cli(["validate", PRUNE, "--set", "steps.0.prune={pruner: file, path: nope.json}"], tmp_path)
@@ -46,8 +67,21 @@ def test_masks_of_the_wrong_shape(tmp_path):
 def test_masks_from_an_earlier_run_are_reused(tmp_path):
     masks = tmp_path / "masks.json"
     save_masks(masks, [HeadMask.from_kept([[1, 3], [0]], [4, 4])])
-    out = run_cli(["apply", PRUNE, *SMALL, "--set", "steps.0.prune={pruner: file, members: 1, path: %s}" % masks,
-                   "--set", "steps.2.finetune.steps=2", "--set", "steps.3.evaluate.plots=false",
-                   "--out", str(tmp_path / "run")], tmp_path)
+    out = run_cli(
+        [
+            "apply",
+            PRUNE,
+            *SMALL,
+            "--set",
+            f"steps.0.prune={{pruner: file, members: 1, path: {masks}}}",
+            "--set",
+            "steps.2.finetune.steps=2",
+            "--set",
+            "steps.3.evaluate.plots=false",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads((tmp_path / "run" / "masks.json").read_text())["members"][0]["kept"] == [[1, 3], [0]]

@@ -41,8 +41,18 @@ def _find_attention(model: nn.Module) -> list[_Attention]:
             dense = getattr(getattr(parent, "output", None), "dense", None)
             if parent is None or not isinstance(dense, nn.Linear):
                 continue
-            found.append(_Attention(mod, parent.output, "query", "key", "value", "dense",
-                                    ("num_attention_heads",), int(mod.attention_head_size)))
+            found.append(
+                _Attention(
+                    mod,
+                    parent.output,
+                    "query",
+                    "key",
+                    "value",
+                    "dense",
+                    ("num_attention_heads",),
+                    int(mod.attention_head_size),
+                )
+            )
         elif all(isinstance(getattr(mod, n, None), nn.Linear) for n in ("q_proj", "k_proj", "v_proj")):
             o = "o_proj" if isinstance(getattr(mod, "o_proj", None), nn.Linear) else "out_proj"
             if not isinstance(getattr(mod, o, None), nn.Linear):
@@ -93,8 +103,14 @@ class HFEncoderAdapter(ModelAdapter):
         o = self.output_projection(block)
         biases = [None if li.bias is None else li.bias.view(h, hd) for li in lin]
         return HeadWeights(
-            q=lin[0].weight.view(h, hd, -1), k=lin[1].weight.view(h, hd, -1), v=lin[2].weight.view(h, hd, -1),
-            q_bias=biases[0], k_bias=biases[1], v_bias=biases[2], o=o.weight.view(-1, h, hd), o_bias=o.bias,
+            q=lin[0].weight.view(h, hd, -1),
+            k=lin[1].weight.view(h, hd, -1),
+            v=lin[2].weight.view(h, hd, -1),
+            q_bias=biases[0],
+            k_bias=biases[1],
+            v_bias=biases[2],
+            o=o.weight.view(-1, h, hd),
+            o_bias=o.bias,
         )
 
     def prune_heads_(self, block: int, keep: Sequence[int]) -> None:

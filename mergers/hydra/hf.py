@@ -37,8 +37,9 @@ class _Family:
 
 
 FAMILIES = {
-    "bert": _Family("bert", False, "attention.output.LayerNorm", "output.LayerNorm", "intermediate.dense",
-                    "output.dense"),
+    "bert": _Family(
+        "bert", False, "attention.output.LayerNorm", "output.LayerNorm", "intermediate.dense", "output.dense"
+    ),
     "vit": _Family("vit", True, "layernorm_before", "layernorm_after", "mlp.fc1", "mlp.fc2"),
 }
 
@@ -53,8 +54,11 @@ def family_of(model: nn.Module) -> str | None:
     """'bert' for MeanPoolClassifier over a BERT-style encoder, 'vit' for ViTForImageClassification."""
     from compressor.text import MeanPoolClassifier
 
-    if isinstance(model, MeanPoolClassifier) and hasattr(model.encoder, "embeddings") and hasattr(
-            getattr(model.encoder, "encoder", None), "layer"):
+    if (
+        isinstance(model, MeanPoolClassifier)
+        and hasattr(model.encoder, "embeddings")
+        and hasattr(getattr(model.encoder, "encoder", None), "layer")
+    ):
         return "bert"
     try:
         from transformers import ViTForImageClassification
@@ -223,11 +227,18 @@ def build_hydra_hf(
     if config.hidden_act not in ACT_NAMES:
         raise NotImplementedError(f"hydra merger: activation '{config.hidden_act}' is not supported")
     spec = HydraHFSpec(
-        members=m, family=family, encoder_config=config.to_dict(), num_classes=parts[0][3].out_features,
+        members=m,
+        family=family,
+        encoder_config=config.to_dict(),
+        num_classes=parts[0][3].out_features,
         head_dim=get_adapter(srcs[0]).head_dim(0),
         heads=[[mask.num_kept()[b] for mask in masks] for b in range(depth)],
-        mlp_hidden=mlp_hidden, mlp_mode=mlp_mode, act=ACT_NAMES[config.hidden_act], eps=config.layer_norm_eps,
-        pad_token_id=getattr(srcs[0], "pad_token_id", 0), shared=shared,
+        mlp_hidden=mlp_hidden,
+        mlp_mode=mlp_mode,
+        act=ACT_NAMES[config.hidden_act],
+        eps=config.layer_norm_eps,
+        pad_token_id=getattr(srcs[0], "pad_token_id", 0),
+        shared=shared,
     )
     model = HydraHF(spec)
     _fill(model, srcs, parts, fam, masks, unit_keep)
@@ -255,7 +266,9 @@ def _fill(model: HydraHF, srcs, parts, fam: _Family, masks, unit_keep) -> None:
             w = ad.head_weights(b)
             keep = torch.as_tensor(mask.kept_indices(b), dtype=torch.long)
             d = w.o.shape[0]
-            qkv_b = None if w.q_bias is None else torch.cat([t[keep].reshape(-1) for t in (w.q_bias, w.k_bias, w.v_bias)])
+            qkv_b = (
+                None if w.q_bias is None else torch.cat([t[keep].reshape(-1) for t in (w.q_bias, w.k_bias, w.v_bias)])
+            )
             layer.attn.qkv.set_member(i, torch.cat([t[keep].reshape(-1, d) for t in (w.q, w.k, w.v)]), qkv_b)
             layer.attn.proj.set_member(i, w.o[:, keep].reshape(d, -1), w.o_bias)
         fc1s = [_get(x, fam.fc1) for x in src_layers]
