@@ -60,7 +60,11 @@ def test_apply_vit_prune_end_to_end(tmp_path):
     assert {"plain", "base"} <= set(metrics["summary"])
     for key in ("accuracy", "nll", "ece", "brier", "auroc_msp", "fpr95_msp"):
         assert key in metrics["summary"]["plain"]
-    Image.open(out_dir / "plots" / "reliability_plain.png").verify()
+    for png in ("reliability_plain.png", "reliability_base.png", "head_importance.png"):
+        with Image.open(out_dir / "plots" / png) as im:
+            assert im.format == "PNG" and im.size[0] > 100
+            im.verify()
+    assert "| plain |" in (out_dir / "metrics.md").read_text()
     # the export loads with one call, no recipe, and is physically smaller
     model = compressor.load(out_dir / "export")
     assert [b.attn.num_heads for b in model.blocks] == [2, 2]

@@ -34,7 +34,7 @@ def test_defaults_are_filled(tmp_path):
         (lambda d: d["data"].update(source="imagenet"), r"data.source: expected one of digits, image_folder"),
         (
             lambda d: d["steps"][0]["prune"].update(pruner="magic"),
-            r"steps\[0\].prune.pruner: unknown pruner 'magic'; choices: disjoint, file, gradient_free, magnitude, random",
+            r"steps\[0\].prune.pruner: unknown pruner 'magic'; choices: disjoint, file, gradient_free, magnitude",
         ),
         (lambda d: d["steps"][0]["prune"].update(keep_ratio="half"), r"steps\[0\].prune: keep_ratio"),
         (
