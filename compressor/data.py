@@ -7,7 +7,7 @@ digits). Classes 0-7 are in-distribution; digits 8-9 are semantic OOD; corrupted
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -189,8 +189,3 @@ def bootstrap(batch_list: Sequence[tuple[torch.Tensor, ...]], seed: int) -> list
     idx = torch.randint(0, n, (n,), generator=torch.Generator().manual_seed(seed))
     sizes = [b[0].shape[0] for b in batch_list]
     return [tuple(c[chunk] for c in cols) for chunk in torch.split(idx, sizes)]
-
-
-def iterate_inputs(batch_list: Sequence[tuple[torch.Tensor, ...]]) -> Iterator[torch.Tensor]:
-    for b in batch_list:
-        yield b[0]

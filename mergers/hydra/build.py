@@ -9,7 +9,7 @@ from torch import nn
 
 from compressor.adapters import TimmViTAdapter
 from compressor.masks import HeadMask
-from mergers.hydra.layers import GroupedLinear, HydraMLP, MemberAffine, MemberLayerNorm, SharedMLP
+from mergers.hydra.layers import GroupedLinear, HydraAttention, HydraMLP, MemberAffine, MemberLayerNorm, SharedMLP
 from mergers.hydra.model import HydraSpec, HydraViT
 
 MLP_MODES = ("average", "grouped", "pruned")
@@ -85,6 +85,19 @@ def _fill_scale(dst: nn.Module, srcs: Sequence[nn.Module]) -> None:
         with torch.no_grad():
             for m in range(dst.weight.shape[0]):
                 dst.weight[m].copy_(srcs[m].gamma)
+
+
+@torch.no_grad()
+def fill_attention(attn: HydraAttention, adapters: Sequence, masks: Sequence[HeadMask], block: int) -> None:
+    """Copy every member's kept heads of `block` (through its adapter) into the fused attention."""
+    for i, (ad, mask) in enumerate(zip(adapters, masks)):
+        w = ad.head_weights(block)
+        keep = torch.as_tensor(mask.kept_indices(block), dtype=torch.long)
+        d = w.o.shape[0]
+        qkv_w = torch.cat([t[keep].reshape(-1, d) for t in (w.q, w.k, w.v)])
+        qkv_b = None if w.q_bias is None else torch.cat([t[keep].reshape(-1) for t in (w.q_bias, w.k_bias, w.v_bias)])
+        attn.qkv.set_member(i, qkv_w, qkv_b)
+        attn.proj.set_member(i, w.o[:, keep].reshape(d, -1), w.o_bias)
 
 
 @torch.no_grad()
@@ -227,7 +240,6 @@ def _fill(
     masks: Sequence[HeadMask],
     unit_keep: list[list[torch.Tensor]] | None,
 ) -> None:
-    d = model.spec.embed_dim
     if model.patch_shared:
         model.patch_proj.weight.copy_(srcs[0].patch_embed.proj.weight)
         if model.patch_proj.bias is not None:
@@ -255,15 +267,7 @@ def _fill(
         _fill_norm(blk.norm2, [sb.norm2 for sb in src_blocks])
         _fill_scale(blk.ls1, [sb.ls1 for sb in src_blocks])
         _fill_scale(blk.ls2, [sb.ls2 for sb in src_blocks])
-        for i, (ad, mask) in enumerate(zip(adapters, masks)):
-            w = ad.head_weights(b)
-            keep = torch.as_tensor(mask.kept_indices(b), dtype=torch.long)
-            qkv_w = torch.cat([t[keep].reshape(-1, d) for t in (w.q, w.k, w.v)])
-            qkv_b = (
-                None if w.q_bias is None else torch.cat([t[keep].reshape(-1) for t in (w.q_bias, w.k_bias, w.v_bias)])
-            )
-            blk.attn.qkv.set_member(i, qkv_w, qkv_b)
-            blk.attn.proj.set_member(i, w.o[:, keep].reshape(d, -1), w.o_bias)
+        fill_attention(blk.attn, adapters, masks, b)
         mlps = [sb.mlp for sb in src_blocks]
         if isinstance(blk.mlp, SharedMLP):
             for name in ("fc1", "fc2"):

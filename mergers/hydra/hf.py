@@ -17,7 +17,7 @@ from torch import nn
 
 from compressor.adapters import get_adapter
 from compressor.masks import HeadMask
-from mergers.hydra.build import _fill_norm, _same_module
+from mergers.hydra.build import _fill_norm, _same_module, fill_attention
 from mergers.hydra.layers import GroupedLinear, HydraAttention, HydraMLP, MemberLayerNorm, SharedMLP
 from mergers.hydra.model import ACTIVATIONS, HydraOutput
 
@@ -262,15 +262,7 @@ def _fill(model: HydraHF, srcs, parts, fam: _Family, masks, unit_keep) -> None:
         src_layers = [p[1][b] for p in parts]
         _fill_norm(layer.norm1, [_get(x, fam.norm1) for x in src_layers])
         _fill_norm(layer.norm2, [_get(x, fam.norm2) for x in src_layers])
-        for i, (ad, mask) in enumerate(zip(adapters, masks)):
-            w = ad.head_weights(b)
-            keep = torch.as_tensor(mask.kept_indices(b), dtype=torch.long)
-            d = w.o.shape[0]
-            qkv_b = (
-                None if w.q_bias is None else torch.cat([t[keep].reshape(-1) for t in (w.q_bias, w.k_bias, w.v_bias)])
-            )
-            layer.attn.qkv.set_member(i, torch.cat([t[keep].reshape(-1, d) for t in (w.q, w.k, w.v)]), qkv_b)
-            layer.attn.proj.set_member(i, w.o[:, keep].reshape(d, -1), w.o_bias)
+        fill_attention(layer.attn, adapters, masks, b)
         fc1s = [_get(x, fam.fc1) for x in src_layers]
         fc2s = [_get(x, fam.fc2) for x in src_layers]
         if isinstance(layer.mlp, SharedMLP):
