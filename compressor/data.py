@@ -7,7 +7,7 @@ digits). Classes 0-7 are in-distribution; digits 8-9 are semantic OOD; corrupted
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +15,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
+
+from compressor.distributed import local_batch_size, rank, real_samples, sampler
 
 DIGITS_MEAN, DIGITS_STD = 0.3, 0.4
 
@@ -169,23 +171,48 @@ class _Unlabelled(Dataset):
         return (self.ds[i][0],)
 
 
-def loader(ds: Dataset, batch_size: int, shuffle: bool = False, seed: int = 0) -> DataLoader:
-    """A DataLoader with a seeded shuffle, so runs are reproducible."""
-    g = torch.Generator().manual_seed(seed)
-    return DataLoader(ds, batch_size=batch_size, shuffle=shuffle, generator=g, drop_last=False)
+def loader(ds: Dataset, batch_size: int, shuffle: bool = False, seed: int = 0, epoch: int = 0) -> DataLoader:
+    """This rank's DataLoader: a seeded `DistributedSampler` and the per-rank share of `batch_size`.
+
+    In one process it reads every sample (shuffled with `seed + epoch` when asked); under
+    torch.distributed each rank reads its shard and the N local batches of a step make up the
+    global batch (see `compressor.distributed`).
+    """
+    return DataLoader(ds, batch_size=local_batch_size(batch_size), sampler=sampler(ds, shuffle, seed, epoch))
+
+
+def sharded_batches(
+    ds: Dataset, batch_size: int, shuffle: bool = False, seed: int = 0, epoch: int = 0
+) -> Iterator[tuple[tuple[torch.Tensor, ...], int]]:
+    """Yield (this rank's batch, how many of its samples are real): the rest are sampler padding."""
+    left = real_samples(len(ds))
+    for batch in loader(ds, batch_size, shuffle, seed, epoch):
+        n = len(batch[0])
+        yield tuple(batch), min(max(left, 0), n)
+        left -= n
 
 
 def batches(ds: Dataset, batch_size: int, limit: int | None = None) -> list[tuple[torch.Tensor, ...]]:
-    """Materialise up to `limit` samples of `ds` as a list of batches (calibration sets)."""
+    """Materialise up to `limit` samples of `ds` as a list of batches (calibration sets).
+
+    Under torch.distributed these are this rank's shards of the global batches, without the
+    sampler's padding (so a rank's last batch may be smaller, or empty).
+    """
     if limit is not None and limit < len(ds):
         ds = Subset(ds, list(range(limit)))
-    return [tuple(b) for b in loader(ds, batch_size)]
+    return [tuple(t[:real] for t in b) for b, real in sharded_batches(ds, batch_size)]
 
 
 def bootstrap(batch_list: Sequence[tuple[torch.Tensor, ...]], seed: int) -> list[tuple[torch.Tensor, ...]]:
-    """Resample the samples of `batch_list` with replacement, keeping the batch sizes."""
+    """Resample the samples of `batch_list` with replacement, keeping the batch sizes.
+
+    Under torch.distributed each rank resamples its own shard (a bootstrap stratified by rank);
+    scores summed over ranks then come from one resample of the whole set.
+    """
     cols = [torch.cat(c) for c in zip(*batch_list)]
     n = cols[0].shape[0]
-    idx = torch.randint(0, n, (n,), generator=torch.Generator().manual_seed(seed))
+    if n == 0:  # a rank whose shard is empty
+        return list(batch_list)
+    idx = torch.randint(0, n, (n,), generator=torch.Generator().manual_seed(seed + 7919 * rank()))
     sizes = [b[0].shape[0] for b in batch_list]
     return [tuple(c[chunk] for c in cols) for chunk in torch.split(idx, sizes)]

@@ -1,18 +1,23 @@
-"""torch.distributed helpers: data sharding, reductions and gathers that are no-ops in one process.
+"""torch.distributed helpers: sampling, reductions and gathers that are no-ops in one process.
 
-Every rank holds the same global batches (same seeds, same order) and works on its contiguous
-slice of each one (`shard`); results are summed (`all_reduce_sum`) or gathered back in order
-(`gather_cat`), so a run on N processes computes what one process computes, to float tolerance.
-The backend follows the device: NCCL on GPUs, gloo on the CPU.
+Data is sharded with torch's `DistributedSampler`: rank r reads the samples at positions
+r, r + N, r + 2N, ... of the (seeded, optionally shuffled) order, so with a local batch of
+`batch_size / N` the N local batches of one step are exactly the global batch one process reads.
+The sampler pads the order to a multiple of N by repeating its first samples; those padding
+samples are weighted out of losses and sums and dropped from gathered predictions, so a run on N
+processes computes what one process computes, to float tolerance. The backend follows the device:
+NCCL on GPUs, gloo on the CPU.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.utils.data import Dataset, DistributedSampler
 
 BACKENDS = ("auto", "gloo", "nccl")
 
@@ -55,11 +60,23 @@ def init_from_env(backend: str = "auto", timeout_s: int = 1800) -> bool:
     return True
 
 
-def shard(batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    """This rank's contiguous slice of every tensor of a global batch."""
-    if not is_distributed():
-        return batch
-    return tuple(torch.tensor_split(t, world_size())[rank()] for t in batch)
+def sampler(ds: Dataset, shuffle: bool = False, seed: int = 0, epoch: int = 0) -> DistributedSampler:
+    """This rank's `DistributedSampler` over `ds` (one replica in a single process: every sample, in order)."""
+    s = DistributedSampler(ds, num_replicas=world_size(), rank=rank(), shuffle=shuffle, seed=seed, drop_last=False)
+    s.set_epoch(epoch)
+    return s
+
+
+def local_batch_size(batch_size: int) -> int:
+    """Per-rank batch size for a global `batch_size` (exactly global / N when N divides it)."""
+    return max(1, math.ceil(batch_size / world_size()))
+
+
+def real_samples(n: int) -> int:
+    """How many of this rank's sampler positions hold real samples of a dataset of `n` (the rest
+    are the sampler's padding, always at the end of the rank's order)."""
+    r, w = rank(), world_size()
+    return len(range(r, n, w))
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
@@ -69,20 +86,19 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def gather_cat(t: torch.Tensor, dim: int = 0) -> torch.Tensor:
-    """Concatenate every rank's `t` along `dim` in rank order (slices may differ in size)."""
+def gather_sampled(t: torch.Tensor, n: int, dim: int = 0) -> torch.Tensor:
+    """Every rank's per-sample results along `dim` (the rank's full sampler order, padding
+    included) -> the results for samples 0..n-1 in dataset order, on every rank.
+
+    Sampler position p = r + N*j sits at index j of rank r, so stacking the ranks after `dim`
+    and flattening restores the order; the padding is then cut off.
+    """
     if not is_distributed():
-        return t
+        return t.narrow(dim, 0, n)
     t = t.contiguous()
-    size = torch.tensor([t.shape[dim]], dtype=torch.long)
-    sizes = [torch.zeros_like(size) for _ in range(world_size())]
-    dist.all_gather(sizes, size)
-    longest = int(max(s.item() for s in sizes))
-    pad = [0, 0] * (t.dim() - 1 - dim) + [0, longest - t.shape[dim]]
-    padded = torch.nn.functional.pad(t, pad) if longest > t.shape[dim] else t
-    parts = [torch.empty_like(padded) for _ in range(world_size())]
-    dist.all_gather(parts, padded)
-    return torch.cat([p.narrow(dim, 0, int(s.item())) for p, s in zip(parts, sizes)], dim=dim)
+    parts = [torch.empty_like(t) for _ in range(world_size())]
+    dist.all_gather(parts, t)
+    return torch.stack(parts, dim=dim + 1).flatten(dim, dim + 1).narrow(dim, 0, n)
 
 
 def all_true(flag: bool) -> bool:

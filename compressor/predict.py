@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from compressor.data import loader
-from compressor.distributed import gather_cat, shard
+from compressor.distributed import gather_sampled
 
 
 def member_logits(output: Any) -> torch.Tensor:
@@ -66,17 +66,20 @@ class MCDropout(nn.Module):
 def predict(model: nn.Module, dataset: Dataset, batch_size: int = 256) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Member probabilities [M, N, C] over `dataset` (and its labels when it has them).
 
-    Under torch.distributed each rank predicts its slice of every batch; results are gathered in order.
+    Under torch.distributed each rank predicts its DistributedSampler shard; the shards are
+    gathered back into dataset order on every rank (the sampler's padding dropped).
     """
     was_training = model.training
     model.eval()
     probs, labels = [], []
     try:
         for batch in loader(dataset, batch_size):
-            local = member_logits(model(shard(tuple(batch))[0])).float().softmax(-1)
-            probs.append(gather_cat(local, dim=1))
+            probs.append(member_logits(model(batch[0])).float().softmax(-1))
             if len(batch) > 1:
                 labels.append(batch[1])
     finally:
         model.train(was_training)
-    return torch.cat(probs, dim=1), (torch.cat(labels) if labels else None)
+    n = len(dataset)
+    return gather_sampled(torch.cat(probs, dim=1), n, dim=1), (
+        gather_sampled(torch.cat(labels), n) if labels else None
+    )

@@ -210,13 +210,14 @@ class Runner:
         state.metrics = evaluate_models(
             models, state.data, self.out, self.recipe.data["batch_size"], reference, write=is_main()
         )
-        if cfg["plots"] and is_main():
+        if cfg["plots"]:
             plots = self.out / "plots"
             for name, model in models.items():
-                probs, labels = predict(model, state.data.test)
+                probs, labels = predict(model, state.data.test)  # on every rank: predict gathers
                 safe = "".join(c if c.isalnum() else "_" for c in name)
-                reliability_diagram(probs.mean(0), labels, name, plots / f"reliability_{safe}.png")
-            if state.masks and state.scores:
+                if is_main():
+                    reliability_diagram(probs.mean(0), labels, name, plots / f"reliability_{safe}.png")
+            if state.masks and state.scores and is_main():
                 head_importance_heatmaps(state.scores, state.masks, plots / "head_importance.png")
         self.say("evaluate:\n" + state.metrics["table"])
 

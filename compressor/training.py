@@ -5,8 +5,9 @@ stopping on held-out NLL (the best weights are restored). For a fused ensemble e
 logits get their own cross-entropy, averaged, so members stay independent models.
 
 Under torch.distributed the model is wrapped in DistributedDataParallel and every rank trains on
-its slice of each global batch, with the loss scaled so that the averaged gradient is the global
-batch's: N processes take the same steps as one process with the same batch size.
+its DistributedSampler shard of each global batch, with the loss divided by the global batch's
+sample count (sampler padding weighted out), so the averaged gradient is the global batch's: N
+processes take the same steps as one process with the same batch size.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from torch import nn
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
-from compressor.data import loader
-from compressor.distributed import all_reduce_sum, is_distributed, is_main, shard, world_size
-from compressor.predict import member_logits
+from compressor.data import sharded_batches
+from compressor.distributed import all_reduce_sum, is_distributed, is_main, world_size
+from compressor.predict import member_logits, predict
 
 
 @dataclass
@@ -39,26 +40,20 @@ class TrainConfig:
     seed: int = 0
 
 
-def ensemble_loss(output, y: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
-    """Mean over members of each member's cross-entropy."""
+def ensemble_loss(output, y: torch.Tensor, label_smoothing: float = 0.0, reduction: str = "mean") -> torch.Tensor:
+    """Mean over members of each member's cross-entropy (per sample, [B], with reduction='none')."""
     logits = member_logits(output)
     m, b, c = logits.shape
-    return F.cross_entropy(logits.reshape(m * b, c), y.repeat(m), label_smoothing=label_smoothing)
+    per = F.cross_entropy(logits.reshape(m * b, c), y.repeat(m), label_smoothing=label_smoothing, reduction="none")
+    per = per.view(m, b).mean(0)
+    return per if reduction == "none" else per.mean()
 
 
-@torch.no_grad()
 def heldout_nll(model: nn.Module, ds: Dataset, batch_size: int = 256) -> float:
-    was_training = model.training
-    model.eval()
-    total = torch.zeros(2, dtype=torch.float64)
-    for batch in loader(ds, batch_size):
-        x, y = shard(tuple(batch))
-        probs = member_logits(model(x)).float().softmax(-1).mean(0)
-        total[0] += float(-torch.log(probs[torch.arange(len(y)), y].clamp_min(1e-12)).sum())
-        total[1] += len(y)
-    model.train(was_training)
-    total = all_reduce_sum(total)
-    return float(total[0] / total[1].clamp_min(1))
+    """NLL of the averaged member probabilities over `ds` (every rank gets the same number)."""
+    probs, y = predict(model, ds, batch_size)
+    p = probs.mean(0)[torch.arange(len(y)), y]
+    return float(-torch.log(p.double().clamp_min(1e-12)).mean())
 
 
 def train(model: nn.Module, train_ds: Dataset, val_ds: Dataset | None, cfg: TrainConfig, desc: str = "train") -> dict:
@@ -83,17 +78,19 @@ def train(model: nn.Module, train_ds: Dataset, val_ds: Dataset | None, cfg: Trai
     step, epoch = 0, 0
     bar = tqdm(total=cfg.steps, desc=desc, leave=False, dynamic_ncols=True, disable=not is_main() or None)
     while step < cfg.steps:
-        for batch in loader(train_ds, cfg.batch_size, shuffle=True, seed=cfg.seed + epoch):
-            x, y = shard(tuple(batch))
-            loss = ensemble_loss(net(x), y, cfg.label_smoothing)
-            # DDP averages gradients over ranks; weight each slice by its share of the global batch
-            scaled = loss * (len(y) * world_size() / len(batch[1]))
+        for batch, real in sharded_batches(train_ds, cfg.batch_size, shuffle=True, seed=cfg.seed, epoch=epoch):
+            x, y = batch
+            per_sample = ensemble_loss(net(x), y, cfg.label_smoothing, reduction="none")
+            local_sum = (per_sample * (torch.arange(len(y)) < real).to(per_sample.dtype)).sum()
+            # [loss sum, real samples] of the whole global batch, so every rank divides by the same count
+            totals = all_reduce_sum(torch.stack([local_sum.detach().double(), torch.tensor(real, dtype=torch.float64)]))
+            loss = local_sum / totals[1].to(local_sum.dtype)
             opt.zero_grad(set_to_none=True)
-            scaled.backward()
+            (loss * world_size()).backward()  # DDP averages gradients over ranks: undo its 1/N
             opt.step()
             sched.step()
             step += 1
-            history["loss"].append(float(loss.detach()))
+            history["loss"].append(float(totals[0] / totals[1]))
             bar.update(1)
             bar.set_postfix(loss=f"{history['loss'][-1]:.3f}")
             if val_ds is not None and (step % cfg.eval_every == 0 or step == cfg.steps):

@@ -13,37 +13,46 @@ import torch
 import torch.nn.functional as F
 
 from compressor.adapters import ModelAdapter
-from compressor.distributed import gather_cat, shard
+from compressor.distributed import all_reduce_sum
 from compressor.registry import register_pruner
 from pruners.base import Batch
 from pruners.scored import ScoredPruner
 
 
-def _nll(logits: torch.Tensor, y: torch.Tensor) -> float:
-    return float(F.cross_entropy(logits, y))
+def _nll(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits, y, reduction="none")
 
 
-def _brier(logits: torch.Tensor, y: torch.Tensor) -> float:
+def _brier(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     p = logits.softmax(-1)
-    return float(((p - F.one_hot(y, p.shape[-1]).to(p.dtype)) ** 2).sum(-1).mean())
+    return ((p - F.one_hot(y, p.shape[-1]).to(p.dtype)) ** 2).sum(-1)
 
 
-def _error(logits: torch.Tensor, y: torch.Tensor) -> float:
-    return float((logits.argmax(-1) != y).double().mean())
+def _error(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return (logits.argmax(-1) != y).to(logits.dtype)
 
 
-METRICS: dict[str, Callable[[torch.Tensor, torch.Tensor], float]] = {"nll": _nll, "brier": _brier, "error": _error}
+# per-sample metrics (lower is better); the score of a set is their mean
+METRICS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "nll": _nll,
+    "brier": _brier,
+    "error": _error,
+}
 
 
 @torch.no_grad()
 def evaluate_metric(adapter: ModelAdapter, data: Sequence[Batch], metric: str = "nll") -> float:
-    """The metric (lower is better) of the model as currently gated, over all of `data`.
+    """The metric's mean over every sample of `data`, for the model as currently gated.
 
-    Under torch.distributed each rank runs its slice of every batch and the logits are gathered.
+    Under torch.distributed each rank evaluates its shards; sums and counts are all-reduced.
     """
-    logits = torch.cat([gather_cat(adapter.logits(shard(b)[0]).float()) for b in data])
-    y = torch.cat([b[1] for b in data])
-    return METRICS[metric](logits, y)
+    total = torch.zeros(2, dtype=torch.float64)
+    for x, y, *_ in data:
+        if len(y):
+            per_sample = METRICS[metric](adapter.logits(x).float(), y)
+            total += torch.stack([per_sample.double().sum(), torch.tensor(float(len(y)), dtype=torch.float64)])
+    total = all_reduce_sum(total)
+    return float(total[0] / total[1].clamp_min(1))
 
 
 @register_pruner("gradient_free")

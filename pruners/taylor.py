@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from compressor.adapters import ModelAdapter
-from compressor.distributed import all_reduce_sum, shard
+from compressor.distributed import all_reduce_sum
 from compressor.registry import register_pruner
 from pruners.base import Batch
 from pruners.scored import ScoredPruner
@@ -18,20 +18,22 @@ from pruners.scored import ScoredPruner
 def taylor_scores(adapter: ModelAdapter, calibration: Sequence[Batch]) -> list[torch.Tensor]:
     """Per block, |sum_batches dL/dg| for gates g at their current values (1 for kept heads).
 
-    L is each batch's mean cross-entropy. Under torch.distributed every rank differentiates its
-    slice's summed loss divided by the global batch size and the sums are all-reduced: the same
-    number one process computes.
+    L is each batch's mean cross-entropy. Under torch.distributed each rank holds its shard of
+    every batch: it differentiates its summed loss divided by the global batch size and the sums
+    are all-reduced, which is the number one process computes on the whole batches.
     """
     if not calibration:
         raise ValueError("taylor: needs calibration batches (labelled data)")
+    global_sizes = all_reduce_sum(torch.tensor([float(len(b[1])) for b in calibration], dtype=torch.float64))
     previous = [g.detach().clone() for g in adapter.install_gates()]
     gates = [g.clone().requires_grad_(True) for g in previous]
     adapter.set_gates(gates)
     total = [torch.zeros_like(g, dtype=torch.float64) for g in gates]
     try:
-        for batch in calibration:
-            x, y = shard(batch)[:2]
-            loss = F.cross_entropy(adapter.logits(x), y, reduction="sum") / batch[1].shape[0]
+        for (x, y, *_), size in zip(calibration, global_sizes):
+            if len(y) == 0:  # this rank's shard of the last batch can be empty
+                continue
+            loss = F.cross_entropy(adapter.logits(x), y, reduction="sum") / float(size)
             grads = torch.autograd.grad(loss, gates)
             for t, g in zip(total, grads):
                 t += g.double()

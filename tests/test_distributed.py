@@ -8,12 +8,14 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.utils.data import Subset
+from torch.utils.data import Subset, TensorDataset
 
 from compressor.adapters import get_adapter
-from compressor.data import digits_bundle
+from compressor.data import batches, digits_bundle
 from compressor.evaluate import evaluate_model
+from compressor.predict import predict
 from compressor.training import TrainConfig, train
+from mergers.hydra import HydraMerger
 from pruners import GradientFreePruner, TaylorPruner
 from pruners.taylor import taylor_scores
 
@@ -27,31 +29,47 @@ def free_port() -> int:
 
 
 def compute_everything() -> dict:
-    """Head scores, masks, metrics and a short fine-tune, the same code in 1 or N processes."""
+    """Head scores, masks, metrics and a short fine-tune, the same code in 1 or N processes.
+
+    Every size is chosen so that the DistributedSampler pads: 45 calibration samples in global
+    batches of 16, 71 training samples, 101-sample evaluation batches.
+    """
     torch.manual_seed(0)
     vit = make_vit("tiny_cls")
     adapter = get_adapter(vit)
-    calib = labelled_batches(3, batch=15)  # 15 = uneven slices across 2 ranks
+    x, y = (torch.cat(t) for t in zip(*labelled_batches(3, batch=15)))
+    calib = batches(TensorDataset(x, y), 16)  # this rank's shards (local batch 8 on 2 ranks)
     gf = GradientFreePruner(members=1, keep_heads=2, diversity="none")
     gf_masks = gf.prune(adapter, calib, calib)
-    taylor = TaylorPruner(members=3, keep_ratio=0.5, seed=3)
+    taylor = TaylorPruner(members=3, keep_ratio=0.5, seed=3, diversity="jitter")
     t_masks = taylor.prune(adapter, calib)
+    # bootstrap resamples each rank's shard: not the one-process resample, but the same masks on every rank
+    boot_masks = TaylorPruner(members=3, keep_ratio=0.5, seed=3, diversity="bootstrap").prune(adapter, calib)
     data = digits_bundle()
     metrics = evaluate_model(vit, data, batch_size=101)
+    probs, labels = predict(vit, Subset(data.test, range(37)), batch_size=8)  # gathered in dataset order
     tuned = copy.deepcopy(vit)
-    train(
+    history = train(
         tuned,
-        Subset(data.train, range(70)),
-        Subset(data.val, range(40)),
+        Subset(data.train, range(71)),
+        Subset(data.val, range(41)),
         TrainConfig(steps=4, batch_size=32, warmup_steps=1, eval_every=2),
         desc="ddp",
     )
+    hydra = HydraMerger(mlp="pruned").merge(vit, t_masks, calibration=[b[0] for b in calib])
+    train(hydra, Subset(data.train, range(71)), None, TrainConfig(steps=2, batch_size=32, warmup_steps=1), desc="ddp")
     return {
+        "hydra_weights": {k: v.clone() for k, v in hydra.state_dict().items()},
+        "calib_samples": sum(len(b[1]) for b in calib),
         "taylor": [s.tolist() for s in taylor_scores(adapter, calib)],
         "gf_scores": [s.tolist() for s in gf.last_scores[0]],
         "gf_masks": [m.to_dict() for m in gf_masks],
         "taylor_masks": [m.to_dict() for m in t_masks],
+        "bootstrap_masks": [m.to_dict() for m in boot_masks],
         "metrics": metrics,
+        "probs": probs,
+        "labels": labels,
+        "history": {"loss": history["loss"], "val_nll": history["val_nll"]},
         "weights": {k: v.clone() for k, v in tuned.state_dict().items()},
     }
 
@@ -62,8 +80,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         result = compute_everything()
-        if rank == 0:
-            torch.save(result, out)
+        torch.save(result, f"{out}.rank{rank}")
     finally:
         dist.destroy_process_group()
 
@@ -85,13 +102,36 @@ def _close(a, b, path=""):
         assert a == b, path
 
 
+def test_sampler_shards_are_disjoint_and_cover_the_batch(monkeypatch):
+    """Rank r's local batches, taken together, are exactly the one-process global batches."""
+    import compressor.distributed as d
+
+    ds = TensorDataset(torch.arange(45))
+    single = [b[0].tolist() for b in batches(ds, 16)]
+    shards = []
+    for r in range(2):
+        monkeypatch.setattr(d, "is_distributed", lambda: True)
+        monkeypatch.setattr(d, "world_size", lambda: 2)
+        monkeypatch.setattr(d, "rank", lambda r=r: r)
+        shards.append([b[0].tolist() for b in batches(ds, 16)])
+    monkeypatch.undo()
+    assert [len(b) for b in shards[0]] == [8, 8, 7] and [len(b) for b in shards[1]] == [8, 8, 6]
+    for k, global_batch in enumerate(single):
+        assert sorted(shards[0][k] + shards[1][k]) == global_batch
+
+
 def test_two_gloo_processes_match_one(tmp_path):
-    out = str(tmp_path / "rank0.pt")
+    out = str(tmp_path / "result")
     mp.spawn(_worker, args=(2, free_port(), out), nprocs=2, join=True)
-    distributed = torch.load(out, weights_only=True)
+    rank0, rank1 = (torch.load(f"{out}.rank{r}", weights_only=True) for r in range(2))
+    assert rank0["calib_samples"] + rank1["calib_samples"] == 45, "each rank holds its own shard"
+    for key in ("taylor_masks", "gf_masks", "bootstrap_masks"):
+        assert rank0[key] == rank1[key], f"{key}: every rank must get the same masks"
     single = compute_everything()
     assert not torch.equal(single["weights"]["head.weight"], make_vit("tiny_cls").head.weight), "it trained"
-    _close(distributed, single)
+    for result in (rank0, rank1):
+        result = {k: v for k, v in result.items() if k not in ("calib_samples", "bootstrap_masks")}
+        _close(result, {k: v for k, v in single.items() if k not in ("calib_samples", "bootstrap_masks")})
 
 
 def test_compressor_apply_under_torchrun(tmp_path):
@@ -108,8 +148,6 @@ def test_compressor_apply_under_torchrun(tmp_path):
         *SMALL,
         "--set",
         "steps.2.finetune.steps=3",
-        "--set",
-        "steps.3.evaluate.plots=false",
         "--set",
         "model.train_base.cache=false",
     ]
