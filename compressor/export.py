@@ -53,7 +53,19 @@ def describe(model: nn.Module, base_info: dict) -> dict:
     from compressor.adapters import get_adapter
 
     adapter = get_adapter(model)
-    return {"kind": "plain", "family": adapter.family, "members": 1, "heads": adapter.heads_per_block()}
+    info = {"kind": "plain", "family": adapter.family, "members": 1, "heads": adapter.heads_per_block()}
+    if _is_transformers_model(model):  # e.g. CLIPForImageClassification used as it is: rebuilt from its config
+        info["hf_class"] = type(model).__name__
+        info["hf_config"] = model.config.to_dict()
+    return info
+
+
+def _is_transformers_model(model: nn.Module) -> bool:
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(model, PreTrainedModel)
 
 
 def export_model(
@@ -80,7 +92,7 @@ def export_model(
         if masks:
             save_masks(tmp / "masks.json", masks)
         if config["kind"] == "plain" and config["family"] == "hf_encoder" and masks:
-            save_hf_encoder(model, masks[0], tmp / "hf_encoder")
+            save_hf_pretrained(model, masks[0], tmp / ("hf_model" if "hf_class" in config else "hf_encoder"))
         if onnx_input is not None:
             from compressor.onnx_export import export_onnx
 
@@ -115,8 +127,9 @@ def build_plain_timm(base: dict, heads: Sequence[int]) -> nn.Module:
     return model
 
 
-def save_hf_encoder(model: nn.Module, mask: HeadMask, folder: Path) -> None:
-    """`save_pretrained` of the pruned encoder, so `AutoModel.from_pretrained` loads it alone.
+def save_hf_pretrained(model: nn.Module, mask: HeadMask, folder: Path) -> None:
+    """`save_pretrained` of the pruned transformers model (the encoder of a MeanPoolClassifier, or
+    the model itself), so transformers' `from_pretrained` loads it without this project.
 
     transformers 5 cannot describe a different head count per layer (no `pruned_heads`), so the
     removed heads are written as zero weights at their original places: outputs equal the pruned
@@ -124,7 +137,7 @@ def save_hf_encoder(model: nn.Module, mask: HeadMask, folder: Path) -> None:
     """
     from compressor.adapters import get_adapter
 
-    small = model.encoder
+    small = model if _is_transformers_model(model) else model.encoder
     full = type(small)(small.config).eval()
     ad_full, ad_small = get_adapter(full), get_adapter(small)
     with torch.no_grad():
@@ -150,15 +163,24 @@ def save_hf_encoder(model: nn.Module, mask: HeadMask, folder: Path) -> None:
     full.save_pretrained(str(folder))
 
 
-def build_plain_hf(base: dict, heads: Sequence[int]) -> nn.Module:
-    """An empty MeanPoolClassifier(encoder) of the exported architecture with `heads[b]` heads."""
-    from transformers import AutoConfig, AutoModel
+def build_plain_hf(cfg: dict) -> nn.Module:
+    """An empty transformers model of the exported architecture with `heads[b]` heads in block b:
+    the recorded transformers class, or a MeanPoolClassifier over the recorded encoder."""
+    import transformers
 
     from compressor.adapters import get_adapter
     from compressor.text import MeanPoolClassifier
 
-    config = AutoConfig.for_model(**base["encoder_config"])
-    model = MeanPoolClassifier(AutoModel.from_config(config), base["num_classes"], base["pad_token_id"])
+    base, heads = cfg["base"], cfg["heads"]
+    if "hf_class" in cfg:
+        cls = getattr(transformers, str(cfg["hf_class"]), None)
+        if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
+            raise ExportError(f"hf_class: expected a transformers model class, got {cfg['hf_class']!r}")
+        model = cls(cls.config_class.from_dict(cfg["hf_config"]))
+    else:
+        config = transformers.AutoConfig.for_model(**base["encoder_config"])
+        encoder = transformers.AutoModel.from_config(config)
+        model = MeanPoolClassifier(encoder, base["num_classes"], base["pad_token_id"])
     adapter = get_adapter(model)
     for b, h in enumerate(heads):
         if h < adapter.num_heads(b):
@@ -177,14 +199,17 @@ def load_export(path: str | Path, map_location: str = "cpu") -> nn.Module:
         from mergers.hydra.model import HydraSpec, HydraViT
 
         model = HydraViT(HydraSpec.from_dict(cfg["hydra_spec"]))
-    elif kind == "hydra" and family in ("hf_bert", "hf_vit"):
-        from mergers.hydra.hf import HydraHF, HydraHFSpec
+    elif kind == "hydra" and str(family).startswith("hf_"):
+        from mergers.hydra.hf import FAMILIES, HydraHF, HydraHFSpec
+
+        if family[3:] not in FAMILIES:
+            raise ExportError(f"{path / 'config.json'}: family: unsupported '{family}'")
 
         model = HydraHF(HydraHFSpec.from_dict(cfg["hydra_spec"]))
     elif (kind, family) == ("plain", "timm_vit"):
         model = build_plain_timm(cfg["base"], cfg["heads"])
     elif (kind, family) == ("plain", "hf_encoder"):
-        model = build_plain_hf(cfg["base"], cfg["heads"])
+        model = build_plain_hf(cfg)
     else:
         raise ExportError(f"{path / 'config.json'}: kind/family: unsupported '{cfg['kind']}'/'{cfg.get('family')}'")
     state = load_weights(path / "model.safetensors", device=map_location)

@@ -204,52 +204,115 @@ def test_onnx_export_of_fused_model_matches_torch(tmp_path):
         torch.testing.assert_close(torch.from_numpy(got[0]), fused(x5).member_logits, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("mode", ["average", "grouped", "pruned"])
-def test_hydra_hf_vit_equals_masked_members(mode, tmp_path):
-    from transformers import ViTConfig, ViTForImageClassification
+def _hf_classifier(kind: str):
+    """A small randomly initialised transformers classifier of each family the hydra merger fuses."""
+    from transformers import (
+        CLIPConfig,
+        CLIPForImageClassification,
+        CLIPTextConfig,
+        CLIPTextModel,
+        ViTConfig,
+        ViTForImageClassification,
+    )
 
+    torch.manual_seed(0)
+    common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+    if kind == "vit":
+        config = ViTConfig(image_size=16, patch_size=8, num_channels=3, num_labels=5, **common)
+        model = ViTForImageClassification(config)
+    elif kind == "clip_vision":
+        vision = dict(image_size=16, patch_size=8, **common)
+        model = CLIPForImageClassification(CLIPConfig(vision_config=vision, num_labels=5))
+    else:
+        encoder = CLIPTextModel(CLIPTextConfig(vocab_size=50, max_position_embeddings=16, **common))
+        model = MeanPoolClassifier(encoder, 5, pad_token_id=1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "bias" in name or "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return model.eval()
+
+
+def _hf_inputs(kind: str) -> torch.Tensor:
+    if kind != "clip_text":
+        return torch.randn(3, 3, 16, 16)
+    ids = torch.randint(2, 50, (3, 9))
+    ids[0, 6:] = 1  # right padding, as a tokenizer pads
+    ids[2, 4:] = 1
+    ids[1, :2] = 1  # left padding: the first rows see no real token under the causal mask
+    return ids
+
+
+@pytest.mark.parametrize("mode", ["average", "grouped", "pruned"])
+@pytest.mark.parametrize("kind", ["vit", "clip_vision", "clip_text"])
+def test_hydra_hf_equals_masked_members(kind, mode, tmp_path):
+    """ViT, CLIP vision (mean-pooled patches) and CLIP text (causal + padding mask, quick GELU)."""
     import compressor
     from compressor.export import export_model
     from mergers.hydra import HydraMerger
+    from mergers.hydra.hf import FAMILIES, _get
 
-    torch.manual_seed(0)
-    cfg = ViTConfig(
-        image_size=16,
-        patch_size=8,
-        num_channels=3,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        num_labels=5,
-    )
-    vit = ViTForImageClassification(cfg).eval()
-    with torch.no_grad():
-        for name, p in vit.named_parameters():
-            if "bias" in name or "norm" in name:
-                p.add_(0.1 * torch.randn_like(p))
+    model = _hf_classifier(kind)
+    fam = FAMILIES[kind]
     masks = [HeadMask.from_kept([[0, 1, 2], [3]], [4, 4]), HeadMask.from_kept([[3], [0, 2]], [4, 4])]
-    members = _perturbed(vit, masks) if mode == "grouped" else None
-    fused = HydraMerger(mlp=mode).merge(vit, masks, members)
-    x = torch.randn(3, 3, 16, 16)
+    members = _perturbed(model, masks) if mode == "grouped" else None
+    fused = HydraMerger(mlp=mode).merge(model, masks, members)
+    x = _hf_inputs(kind)
     out = fused(x).member_logits
     for i, mask in enumerate(masks):
-        ref = members[i] if members else copy.deepcopy(vit)
+        ref = members[i] if members else copy.deepcopy(model)
         get_adapter(ref).apply_mask(mask)
         if mode == "pruned":
-            for layer, kept in zip(ref.vit.layers, fused.mlp_kept[i]):
-                drop = torch.ones(layer.mlp.fc2.in_features, dtype=torch.bool)
+            for layer, kept in zip(_get(ref, fam.layers), fused.mlp_kept[i]):
+                fc2 = _get(layer, fam.fc2)
+                drop = torch.ones(fc2.in_features, dtype=torch.bool)
                 drop[kept] = False
                 with torch.no_grad():
-                    layer.mlp.fc2.weight[:, drop] = 0
-        torch.testing.assert_close(out[i], ref(x).logits, rtol=1e-5, atol=1e-5)
+                    fc2.weight[:, drop] = 0
+        expected = get_adapter(ref).logits(x)
+        assert (expected - get_adapter(model).logits(x)).abs().max() > 1e-4, "the member differs from the base"
+        torch.testing.assert_close(out[i], expected, rtol=1e-5, atol=1e-5)
     export_model(fused, tmp_path / "e", {"source": "hf"}, masks)
     assert torch.equal(compressor.load(tmp_path / "e")(x).member_logits, out)
 
 
-def test_hydra_refuses_clip_towers_clearly():
+def test_hydra_refuses_bare_towers_clearly():
     from mergers.hydra import HydraMerger
 
     model = _tiny_hf("clip_text")
-    with pytest.raises(NotImplementedError, match="CLIPTextModel is not supported"):
+    with pytest.raises(NotImplementedError, match="CLIPTextModel is not supported.*MeanPoolClassifier"):
         HydraMerger().merge(model, [HeadMask.full([4, 4])])
+
+
+@pytest.mark.parametrize("name", ["magnitude", "taylor", "gradient_free", "random", "disjoint"])
+@pytest.mark.parametrize("kind", ["clip_vision", "clip_text"])
+def test_every_pruner_on_clip_classifiers(kind, name):
+    model = _hf_classifier(kind)
+    x = _hf_inputs(kind)
+    data = [(x, torch.tensor([0, 3, 1]))]
+    opts = {"members": 2, "seed": 0} if name == "disjoint" else {"members": 2, "keep_ratio": 0.5, "seed": 0}
+    masks = resolve("pruner", name)(**opts).prune(get_adapter(model), data, data)
+    assert len(set(masks)) == 2 and all(m.heads_per_block() == [4, 4] for m in masks)
+
+
+def test_plain_clip_export_loads_with_transformers_alone(tmp_path):
+    """A physically pruned CLIPForImageClassification: compressor.load and from_pretrained agree with it."""
+    from transformers import CLIPForImageClassification
+
+    import compressor
+    from compressor.export import export_model
+
+    model = _hf_classifier("clip_vision")
+    mask = HeadMask.from_kept([[1, 2], [0]], [4, 4])
+    pruned = prune_physically(model, mask)
+    x = _hf_inputs("clip_vision")
+    masked = copy.deepcopy(model)
+    get_adapter(masked).apply_mask(mask)
+    torch.testing.assert_close(pruned(x).logits, masked(x).logits, rtol=1e-5, atol=1e-5)
+    export_model(pruned, tmp_path / "plain", {"source": "hf"}, [mask])
+    loaded = compressor.load(tmp_path / "plain")
+    assert get_adapter(loaded).heads_per_block() == [2, 1]
+    assert torch.equal(loaded(x).logits, pruned(x).logits)
+    alone = CLIPForImageClassification.from_pretrained(str(tmp_path / "plain" / "hf_model")).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(alone(x).logits, pruned(x).logits, rtol=1e-5, atol=1e-5)

@@ -8,8 +8,9 @@ import torch
 from torch import nn
 
 from compressor.adapters import TimmViTAdapter
+from compressor.distributed import all_reduce_sum
 from compressor.masks import HeadMask
-from mergers.hydra.layers import GroupedLinear, HydraAttention, HydraMLP, MemberAffine, MemberLayerNorm, SharedMLP
+from mergers.hydra.layers import GroupedLinear, HydraAttention, MemberAffine, MemberLayerNorm, SharedMLP
 from mergers.hydra.model import HydraSpec, HydraViT
 
 MLP_MODES = ("average", "grouped", "pruned")
@@ -101,6 +102,33 @@ def fill_attention(attn: HydraAttention, adapters: Sequence, masks: Sequence[Hea
 
 
 @torch.no_grad()
+def fill_mlp(
+    mlp: nn.Module,
+    fc1s: Sequence[nn.Linear],
+    fc2s: Sequence[nn.Linear],
+    unit_keep: list[list[torch.Tensor]] | None,
+    block: int,
+) -> None:
+    """Copy the members' MLPs of `block` into the fused one: averaged (SharedMLP) or per member
+    (HydraMLP, keeping `unit_keep[member][block]` hidden units when width-pruned)."""
+    if isinstance(mlp, SharedMLP):
+        for dst, srcs in ((mlp.fc1, fc1s), (mlp.fc2, fc2s)):
+            dst.weight.copy_(torch.stack([f.weight for f in srcs]).mean(0))
+            if dst.bias is not None:
+                dst.bias.copy_(torch.stack([f.bias for f in srcs]).mean(0))
+        return
+    for i, (f1, f2) in enumerate(zip(fc1s, fc2s)):
+        units = unit_keep[i][block] if unit_keep is not None else torch.arange(f1.out_features)
+        mlp.fc1.set_member(i, f1.weight[units], None if f1.bias is None else f1.bias[units])
+        mlp.fc2.set_member(i, f2.weight[:, units], f2.bias)
+
+
+def top_units(score: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k highest-scored MLP units, in increasing order (ties broken by index)."""
+    return torch.sort(torch.argsort(-score.double(), stable=True)[:k]).values
+
+
+@torch.no_grad()
 def mlp_unit_scores(
     vit: nn.Module, mask: HeadMask, calibration: Sequence[torch.Tensor] | None = None
 ) -> list[torch.Tensor]:
@@ -108,6 +136,7 @@ def mlp_unit_scores(
 
     With calibration inputs: mean |activation| of the unit (through the member's head mask) times
     the norm of its output weights; without: the product of its input and output weight norms.
+    Under torch.distributed the activation sums of every rank's shard are all-reduced.
     """
     fc2_norms = [blk.mlp.fc2.weight.norm(dim=0) for blk in vit.blocks]
     if not calibration:
@@ -130,13 +159,15 @@ def mlp_unit_scores(
     vit.eval()
     try:
         for x in calibration:
-            vit(x)
+            if len(x):
+                vit(x)
     finally:
         for h in hooks:
             h.remove()
         adapter.set_gates(previous)
         vit.train(was_training)
-    return [s / max(counts[0], 1) * n for s, n in zip(sums, fc2_norms)]
+    count = float(all_reduce_sum(torch.tensor([float(counts[0])], dtype=torch.float64)))
+    return [all_reduce_sum(s) / max(count, 1.0) * n for s, n in zip(sums, fc2_norms)]
 
 
 def build_hydra_vit(
@@ -194,7 +225,7 @@ def build_hydra_vit(
         unit_keep = []
         for i, s in enumerate(srcs):
             scores = mlp_unit_scores(s, masks[i], calibration)
-            unit_keep.append([torch.sort(torch.argsort(-sc.double(), stable=True)[:k]).values for sc in scores])
+            unit_keep.append([top_units(sc, k) for sc in scores])
         mlp_hidden = [[k] * m for _ in range(depth)]
 
     attn0 = base.blocks[0].attn
@@ -268,15 +299,4 @@ def _fill(
         _fill_scale(blk.ls1, [sb.ls1 for sb in src_blocks])
         _fill_scale(blk.ls2, [sb.ls2 for sb in src_blocks])
         fill_attention(blk.attn, adapters, masks, b)
-        mlps = [sb.mlp for sb in src_blocks]
-        if isinstance(blk.mlp, SharedMLP):
-            for name in ("fc1", "fc2"):
-                dst = getattr(blk.mlp, name)
-                dst.weight.copy_(torch.stack([getattr(p, name).weight for p in mlps]).mean(0))
-                if dst.bias is not None:
-                    dst.bias.copy_(torch.stack([getattr(p, name).bias for p in mlps]).mean(0))
-        elif isinstance(blk.mlp, HydraMLP):
-            for i, p in enumerate(mlps):
-                units = unit_keep[i][b] if unit_keep is not None else torch.arange(p.fc1.out_features)
-                blk.mlp.fc1.set_member(i, p.fc1.weight[units], None if p.fc1.bias is None else p.fc1.bias[units])
-                blk.mlp.fc2.set_member(i, p.fc2.weight[:, units], p.fc2.bias)
+        fill_mlp(blk.mlp, [sb.mlp.fc1 for sb in src_blocks], [sb.mlp.fc2 for sb in src_blocks], unit_keep, b)

@@ -1,13 +1,16 @@
-"""Hydra for transformers models: BERT-style text classifiers and ViT image classifiers.
+"""Hydra for transformers models: BERT-style and CLIP-text classifiers, ViT and CLIP-vision classifiers.
 
 Same fusion as the timm version: member streams [M, B, T, D], grouped Q/K/V, one attention call
-(with the padding mask for text), grouped output projection. BERT blocks are post-norm
-(x = LN1(x + attn(x)); x = LN2(x + mlp(x))), ViT blocks pre-norm. Embeddings run once when the
-members share them. Supported: `MeanPoolClassifier(BertModel-like)` and `ViTForImageClassification`.
+(with the padding mask for text, and the causal mask for CLIP text), grouped output projection.
+BERT blocks are post-norm (x = LN1(x + attn(x)); x = LN2(x + mlp(x))), ViT and CLIP blocks
+pre-norm. Embeddings run once when the members share them. Supported:
+`MeanPoolClassifier(BertModel-like)`, `MeanPoolClassifier(CLIPTextModel)`,
+`ViTForImageClassification` and `CLIPForImageClassification`.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -17,31 +20,73 @@ from torch import nn
 
 from compressor.adapters import get_adapter
 from compressor.masks import HeadMask
-from mergers.hydra.build import _fill_norm, _same_module, fill_attention
+from mergers.hydra.build import _fill_norm, _same_module, fill_attention, fill_mlp, top_units
 from mergers.hydra.layers import GroupedLinear, HydraAttention, HydraMLP, MemberLayerNorm, SharedMLP
 from mergers.hydra.model import ACTIVATIONS, HydraOutput
 
-ACT_NAMES = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu", "silu": "silu"}
+ACT_NAMES = {
+    "gelu": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "quick_gelu": "quick_gelu",
+    "relu": "relu",
+    "silu": "silu",
+}
 
 
 @dataclass(frozen=True)
 class _Family:
-    """Where one transformers family keeps the parts of a block, and how it embeds and pools."""
+    """Where one transformers family keeps its parts, and how it embeds, masks and pools.
+
+    Paths are attribute paths: model-level ones from the classifier, block-level ones from a layer.
+    """
 
     name: str
+    config: str  # model-level path of the encoder's config
+    embeddings: str
+    layers: str
+    embed_norm: str | None  # a LayerNorm right after the embeddings (CLIP vision's pre_layrnorm)
+    final_norm: str | None
+    classifier: str
+    config_class: str  # "module:Class" of the encoder's config and of its embeddings
+    embeddings_class: str
     pre_norm: bool
     norm1: str
     norm2: str
     fc1: str
     fc2: str
+    text: bool  # token ids in (padding = pad_token_id), else images
+    causal: bool = False
+    pool: str = "cls"  # cls | mean_tokens (non-padding tokens) | mean_patches (every token after the first)
 
+
+_BERT = "transformers.models.bert.modeling_bert"
+_VIT = "transformers.models.vit.modeling_vit"
+_CLIP = "transformers.models.clip.modeling_clip"
+_CLIP_LAYER = dict(pre_norm=True, norm1="layer_norm1", norm2="layer_norm2", fc1="mlp.fc1", fc2="mlp.fc2")
 
 FAMILIES = {
     "bert": _Family(
-        "bert", False, "attention.output.LayerNorm", "output.LayerNorm", "intermediate.dense", "output.dense"
+        "bert", "encoder.config", "encoder.embeddings", "encoder.encoder.layer", None, None, "head",
+        "transformers:BertConfig", f"{_BERT}:BertEmbeddings", False, "attention.output.LayerNorm",
+        "output.LayerNorm", "intermediate.dense", "output.dense", text=True, pool="mean_tokens",
     ),
-    "vit": _Family("vit", True, "layernorm_before", "layernorm_after", "mlp.fc1", "mlp.fc2"),
-}
+    "vit": _Family(
+        "vit", "vit.config", "vit.embeddings", "vit.layers", None, "vit.layernorm", "classifier",
+        "transformers:ViTConfig", f"{_VIT}:ViTEmbeddings", True, "layernorm_before", "layernorm_after",
+        "mlp.fc1", "mlp.fc2", text=False,
+    ),
+    "clip_vision": _Family(
+        "clip_vision", "vision_model.config", "vision_model.embeddings", "vision_model.encoder.layers",
+        "vision_model.pre_layrnorm", None, "classifier", "transformers:CLIPVisionConfig",
+        f"{_CLIP}:CLIPVisionEmbeddings", **_CLIP_LAYER, text=False, pool="mean_patches",
+    ),
+    "clip_text": _Family(
+        "clip_text", "encoder.config", "encoder.embeddings", "encoder.encoder.layers", None,
+        "encoder.final_layer_norm", "head", "transformers:CLIPTextConfig", f"{_CLIP}:CLIPTextEmbeddings",
+        **_CLIP_LAYER, text=True, causal=True, pool="mean_tokens",
+    ),
+}  # fmt: skip
 
 
 def _get(mod: nn.Module, path: str) -> nn.Module:
@@ -50,28 +95,52 @@ def _get(mod: nn.Module, path: str) -> nn.Module:
     return mod
 
 
+def _import(name: str):
+    module, attr = name.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 def family_of(model: nn.Module) -> str | None:
-    """'bert' for MeanPoolClassifier over a BERT-style encoder, 'vit' for ViTForImageClassification."""
+    """The FAMILIES key of a supported classifier, or None."""
     from compressor.text import MeanPoolClassifier
 
-    if (
-        isinstance(model, MeanPoolClassifier)
-        and hasattr(model.encoder, "embeddings")
-        and hasattr(getattr(model.encoder, "encoder", None), "layer")
-    ):
-        return "bert"
     try:
-        from transformers import ViTForImageClassification
+        from transformers import CLIPForImageClassification, CLIPTextModel, ViTForImageClassification
     except ImportError:  # pragma: no cover
         return None
-    return "vit" if isinstance(model, ViTForImageClassification) else None
+    if isinstance(model, MeanPoolClassifier):
+        if isinstance(model.encoder, CLIPTextModel):
+            return "clip_text"
+        if hasattr(model.encoder, "embeddings") and hasattr(getattr(model.encoder, "encoder", None), "layer"):
+            return "bert"
+        return None
+    if isinstance(model, ViTForImageClassification):
+        return "vit"
+    if isinstance(model, CLIPForImageClassification):
+        return "clip_vision"
+    return None
 
 
-def _parts(model: nn.Module, family: str) -> tuple[nn.Module, list[nn.Module], nn.Module | None, nn.Module]:
-    """(embeddings, layers, final norm or None, classifier) of a supported model."""
-    if family == "bert":
-        return model.encoder.embeddings, list(model.encoder.encoder.layer), None, model.head
-    return model.vit.embeddings, list(model.vit.layers), model.vit.layernorm, model.classifier
+@dataclass
+class _Parts:
+    """The parts of one supported model that the fused model copies."""
+
+    embeddings: nn.Module
+    layers: list[nn.Module]
+    embed_norm: nn.Module | None
+    final_norm: nn.Module | None
+    classifier: nn.Linear
+
+
+def _parts(model: nn.Module, fam: _Family) -> _Parts:
+    maybe = lambda path: None if path is None else _get(model, path)  # noqa: E731
+    return _Parts(
+        _get(model, fam.embeddings),
+        list(_get(model, fam.layers)),
+        maybe(fam.embed_norm),
+        maybe(fam.final_norm),
+        _get(model, fam.classifier),
+    )
 
 
 @dataclass
@@ -115,11 +184,11 @@ class HydraHFLayer(nn.Module):
         self.mlp = SharedMLP(dim, hidden[0], act) if spec.mlp_mode == "average" else HydraMLP(dim, hidden, act)
         self.norm2 = _norm(spec, p + "norm2", dim)
 
-    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
         if self.pre_norm:
-            x = x + self.attn(self.norm1(x), key_mask)
+            x = x + self.attn(self.norm1(x), attn_mask)
             return x + self.mlp(self.norm2(x))
-        x = self.norm1(x + self.attn(x, key_mask))
+        x = self.norm1(x + self.attn(x, attn_mask))
         return self.norm2(x + self.mlp(x))
 
 
@@ -130,43 +199,47 @@ class HydraHF(nn.Module):
         super().__init__()
         self.spec = spec
         self.members = spec.members
-        if spec.family == "bert":
-            from transformers import BertConfig
-            from transformers.models.bert.modeling_bert import BertEmbeddings
-
-            config = BertConfig(**spec.encoder_config)
-            make_emb = lambda: BertEmbeddings(config)  # noqa: E731
-        else:
-            from transformers import ViTConfig
-            from transformers.models.vit.modeling_vit import ViTEmbeddings
-
-            config = ViTConfig(**spec.encoder_config)
-            make_emb = lambda: ViTEmbeddings(config)  # noqa: E731
+        fam = FAMILIES[spec.family]
+        config = _import(fam.config_class)(**spec.encoder_config)
+        make_emb = _import(fam.embeddings_class)
         dim = config.hidden_size
         n = lambda name: 1 if spec.shared.get(name, True) else spec.members  # noqa: E731
-        self.embeddings = nn.ModuleList(make_emb() for _ in range(n("embeddings")))
+        self.embeddings = nn.ModuleList(make_emb(config) for _ in range(n("embeddings")))
+        self.embed_norm = _norm(spec, "embed_norm", dim) if fam.embed_norm else nn.Identity()
         self.layers = nn.ModuleList(HydraHFLayer(spec, i, dim) for i in range(len(spec.heads)))
-        self.final_norm = _norm(spec, "final_norm", dim) if spec.family == "vit" else nn.Identity()
+        self.final_norm = _norm(spec, "final_norm", dim) if fam.final_norm else nn.Identity()
         if spec.shared.get("head", True):
             self.head = nn.Linear(dim, spec.num_classes)
         else:
             self.head = GroupedLinear([dim] * spec.members, [spec.num_classes] * spec.members)
 
     def _embed(self, inputs: torch.Tensor) -> torch.Tensor:
-        call = (lambda e: e(input_ids=inputs)) if self.spec.family == "bert" else (lambda e: e(inputs))
+        text = FAMILIES[self.spec.family].text
+        call = (lambda e: e(input_ids=inputs)) if text else (lambda e: e(inputs))
         if len(self.embeddings) == 1:
             e = call(self.embeddings[0])
             return e.unsqueeze(0).expand(self.members, *e.shape)
         return torch.stack([call(emb) for emb in self.embeddings])  # fine-tuned members: a lookup each
 
+    def _attention_mask(self, key_mask: torch.Tensor | None, t: int) -> torch.Tensor | None:
+        """Boolean [B or 1, 1, T, T] (True = may attend), or None for full attention."""
+        if not FAMILIES[self.spec.family].causal:
+            return None if key_mask is None else key_mask[:, None, None, :]
+        causal = torch.ones(t, t, dtype=torch.bool, device=key_mask.device).tril()
+        return causal & key_mask[:, None, None, :]  # the mask CLIPTextModel builds from its attention_mask
+
     def forward_member_logits(self, inputs: torch.Tensor) -> torch.Tensor:
-        key_mask = inputs != self.spec.pad_token_id if self.spec.family == "bert" else None
-        x = self._embed(inputs)
+        fam = FAMILIES[self.spec.family]
+        key_mask = inputs != self.spec.pad_token_id if fam.text else None
+        x = self.embed_norm(self._embed(inputs))
+        attn_mask = self._attention_mask(key_mask, x.shape[2])
         for layer in self.layers:
-            x = layer(x, key_mask)
+            x = layer(x, attn_mask)
         x = self.final_norm(x)
-        if key_mask is None:
+        if fam.pool == "cls":
             pooled = x[:, :, 0]
+        elif fam.pool == "mean_patches":
+            pooled = x[:, :, 1:].mean(2)
         else:
             m = key_mask[None, :, :, None].to(x.dtype)
             pooled = (x * m).sum(2) / m.sum(2).clamp_min(1.0)  # [M, B, D]
@@ -189,7 +262,8 @@ def build_hydra_hf(
     if family is None:
         raise NotImplementedError(
             f"hydra merger: {type(base).__name__} is not supported; transformers models supported are "
-            "MeanPoolClassifier(BertModel-like) and ViTForImageClassification (the plain merger handles any)"
+            "MeanPoolClassifier(BertModel-like or CLIPTextModel), ViTForImageClassification and "
+            "CLIPForImageClassification (the plain merger handles any)"
         )
     fam = FAMILIES[family]
     m = len(masks)
@@ -199,15 +273,19 @@ def build_hydra_hf(
     heads_per_block = get_adapter(srcs[0]).heads_per_block()
     for i, mask in enumerate(masks):
         mask.validate(heads_per_block, allow_empty_blocks=True, where=f"hydra merger: mask {i}")
-    parts = [_parts(s, family) for s in srcs]
-    config = (srcs[0].encoder if family == "bert" else srcs[0].vit).config
-    depth = len(parts[0][1])
-    shared = {"embeddings": _same_module([p[0] for p in parts]), "head": _same_module([p[3] for p in parts])}
-    if family == "vit":
-        shared["final_norm"] = _same_module([p[2] for p in parts])
+    parts = [_parts(s, fam) for s in srcs]
+    config = _get(srcs[0], fam.config)
+    depth = len(parts[0].layers)
+    shared = {
+        "embeddings": _same_module([p.embeddings for p in parts]),
+        "head": _same_module([p.classifier for p in parts]),
+    }
+    for name in ("embed_norm", "final_norm"):
+        if getattr(fam, name):
+            shared[name] = _same_module([getattr(p, name) for p in parts])
     for i in range(depth):
-        shared[f"layer.{i}.norm1"] = _same_module([_get(p[1][i], fam.norm1) for p in parts])
-        shared[f"layer.{i}.norm2"] = _same_module([_get(p[1][i], fam.norm2) for p in parts])
+        shared[f"layer.{i}.norm1"] = _same_module([_get(p.layers[i], fam.norm1) for p in parts])
+        shared[f"layer.{i}.norm2"] = _same_module([_get(p.layers[i], fam.norm2) for p in parts])
     hidden = config.intermediate_size
     unit_keep = None
     if mlp_mode == "average":
@@ -216,13 +294,13 @@ def build_hydra_hf(
         mlp_hidden = [[hidden] * m] * depth
     else:
         k = max(1, int(round((1.0 / m if mlp_keep_ratio is None else mlp_keep_ratio) * hidden)))
-        unit_keep = []
-        for p in parts:
-            per = []
-            for layer in p[1]:
-                score = _get(layer, fam.fc1).weight.norm(dim=1) * _get(layer, fam.fc2).weight.norm(dim=0)
-                per.append(torch.sort(torch.argsort(-score.double(), stable=True)[:k]).values)
-            unit_keep.append(per)
+        unit_keep = [
+            [
+                top_units(_get(layer, fam.fc1).weight.norm(dim=1) * _get(layer, fam.fc2).weight.norm(dim=0), k)
+                for layer in p.layers
+            ]
+            for p in parts
+        ]
         mlp_hidden = [[k] * m] * depth
     if config.hidden_act not in ACT_NAMES:
         raise NotImplementedError(f"hydra merger: activation '{config.hidden_act}' is not supported")
@@ -230,7 +308,7 @@ def build_hydra_hf(
         members=m,
         family=family,
         encoder_config=config.to_dict(),
-        num_classes=parts[0][3].out_features,
+        num_classes=parts[0].classifier.out_features,
         head_dim=get_adapter(srcs[0]).head_dim(0),
         heads=[[mask.num_kept()[b] for mask in masks] for b in range(depth)],
         mlp_hidden=mlp_hidden,
@@ -240,37 +318,29 @@ def build_hydra_hf(
         pad_token_id=getattr(srcs[0], "pad_token_id", 0),
         shared=shared,
     )
-    model = HydraHF(spec)
+    model = HydraHF(spec).to(dtype=parts[0].classifier.weight.dtype)
     _fill(model, srcs, parts, fam, masks, unit_keep)
     model.mlp_kept = unit_keep
     return model.eval()
 
 
 @torch.no_grad()
-def _fill(model: HydraHF, srcs, parts, fam: _Family, masks, unit_keep) -> None:
+def _fill(model: HydraHF, srcs, parts: list[_Parts], fam: _Family, masks, unit_keep) -> None:
     for i, emb in enumerate(model.embeddings):
-        emb.load_state_dict(parts[i][0].state_dict())
+        emb.load_state_dict(parts[i].embeddings.state_dict())
     if isinstance(model.head, GroupedLinear):
         for i, p in enumerate(parts):
-            model.head.set_member(i, p[3].weight, p[3].bias)
+            model.head.set_member(i, p.classifier.weight, p.classifier.bias)
     else:
-        model.head.load_state_dict(parts[0][3].state_dict())
-    if not isinstance(model.final_norm, nn.Identity):
-        _fill_norm(model.final_norm, [p[2] for p in parts])
+        model.head.load_state_dict(parts[0].classifier.state_dict())
+    for name in ("embed_norm", "final_norm"):
+        if getattr(fam, name):
+            _fill_norm(getattr(model, name), [getattr(p, name) for p in parts])
     adapters = [get_adapter(s) for s in srcs]
     for b, layer in enumerate(model.layers):
-        src_layers = [p[1][b] for p in parts]
+        src_layers = [p.layers[b] for p in parts]
         _fill_norm(layer.norm1, [_get(x, fam.norm1) for x in src_layers])
         _fill_norm(layer.norm2, [_get(x, fam.norm2) for x in src_layers])
         fill_attention(layer.attn, adapters, masks, b)
-        fc1s = [_get(x, fam.fc1) for x in src_layers]
-        fc2s = [_get(x, fam.fc2) for x in src_layers]
-        if isinstance(layer.mlp, SharedMLP):
-            for dst, srcs_ in ((layer.mlp.fc1, fc1s), (layer.mlp.fc2, fc2s)):
-                dst.weight.copy_(torch.stack([f.weight for f in srcs_]).mean(0))
-                dst.bias.copy_(torch.stack([f.bias for f in srcs_]).mean(0))
-        else:
-            for i, (f1, f2) in enumerate(zip(fc1s, fc2s)):
-                units = unit_keep[i][b] if unit_keep is not None else torch.arange(f1.out_features)
-                layer.mlp.fc1.set_member(i, f1.weight[units], f1.bias[units])
-                layer.mlp.fc2.set_member(i, f2.weight[:, units], f2.bias)
+        fc1s, fc2s = [_get(x, fam.fc1) for x in src_layers], [_get(x, fam.fc2) for x in src_layers]
+        fill_mlp(layer.mlp, fc1s, fc2s, unit_keep, b)

@@ -168,14 +168,17 @@ class HydraAttention(nn.Module):
         self.attn_drop = attn_drop
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """x: [M, B, T, D]; key_mask: optional [B, T] bool, True where a token may be attended to."""
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [M, B, T, D]; attn_mask: optional bool [B or 1, 1, T or 1, T], True where a query may
+        attend to a key (the same for every member and head)."""
         m, b, t, d = x.shape
         h, hd = self.max_heads, self.head_dim
         qkv = self.qkv(x.reshape(m, b * t, d))  # [M, B*T, 3*h*hd]; per member: [3, heads, hd] padded
         qkv = self._to_heads(qkv, m, b, t)  # [3, M*B, h, T, hd]
         q, k, v = qkv.unbind(0)
-        mask = None if key_mask is None else key_mask[:, None, None, :].repeat(m, 1, 1, 1)
+        mask = None
+        if attn_mask is not None:  # batch index of q/k/v is member * B + sample
+            mask = attn_mask.expand(b, *attn_mask.shape[1:]).repeat(m, 1, 1, 1)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.attn_drop if self.training else 0.0)
         o = o.transpose(1, 2).reshape(m, b * t, h * hd)
         return self.proj_drop(self.proj(o).view(m, b, t, d))

@@ -62,7 +62,20 @@ class HydraSpec:
         return cls(**d)
 
 
-ACTIVATIONS = {"gelu": nn.GELU, "gelu_tanh": lambda: nn.GELU(approximate="tanh"), "relu": nn.ReLU, "silu": nn.SiLU}
+class QuickGELU(nn.Module):
+    """x * sigmoid(1.702 x): the GELU approximation CLIP was trained with."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+ACTIVATIONS = {
+    "gelu": nn.GELU,
+    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
+    "quick_gelu": QuickGELU,
+    "relu": nn.ReLU,
+    "silu": nn.SiLU,
+}
 
 
 def _norm(spec: HydraSpec, name: str) -> nn.Module:
