@@ -8,6 +8,8 @@ median over rounds is reported with its ratio to the single model: machines here
 noisy, so compare ratios, not seconds. Peak memory is the growth of the peak resident set during
 one forward pass, measured in a fresh subprocess per model. Members keep H/M heads per block
 (all members together keep as many heads as the base); 'pruned' keeps 1/M of each MLP.
+The fused models run CPU inference in batch chunks (`inference_chunk_bytes`); 'single_split' is
+the single model run in chunks under the same budget, to show what chunking alone is worth.
 """
 
 from __future__ import annotations
@@ -27,12 +29,29 @@ from compressor.adapters import get_adapter
 from compressor.masks import HeadMask
 from compressor.predict import DeepEnsemble
 from mergers.hydra import build_hydra_vit
+from mergers.hydra.layers import inference_chunk
+from mergers.hydra.model import INFERENCE_CHUNK_BYTES
 
 SHAPES = {
     "vit_tiny": dict(embed_dim=192, depth=12, num_heads=3),
     "vit_small": dict(embed_dim=384, depth=12, num_heads=6),
 }
-MODELS = ["single", "deep_ensemble", "hydra_average", "hydra_grouped", "hydra_pruned"]
+MODELS = ["single", "single_split", "deep_ensemble", "hydra_average", "hydra_grouped", "hydra_pruned"]
+
+
+class SplitBatch(torch.nn.Module):
+    """The single timm model run in batch chunks under the same activation budget as the fused
+    models' CPU inference: shows what chunking alone gives a single model (fairness check)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.widest = max(max(b.attn.qkv.out_features, b.mlp.fc1.out_features) for b in model.blocks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        per_sample = self.model.pos_embed.shape[1] * self.widest * x.element_size()
+        chunk = inference_chunk(x, per_sample, INFERENCE_CHUNK_BYTES)
+        return self.model(x) if chunk is None else torch.cat([self.model(c) for c in x.split(chunk)])
 
 
 def build(shape: str, kind: str, members: int = 3) -> torch.nn.Module:
@@ -40,6 +59,8 @@ def build(shape: str, kind: str, members: int = 3) -> torch.nn.Module:
     base = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=1000, **SHAPES[shape]).eval()
     if kind == "single":
         return base
+    if kind == "single_split":
+        return SplitBatch(base).eval()
     if kind == "deep_ensemble":
         return DeepEnsemble([base] + [build(shape, "single") for _ in range(members - 1)]).eval()
     heads = get_adapter(base).heads_per_block()

@@ -176,6 +176,34 @@ def test_compile_export_and_no_grad():
     assert_close(exported.module()(x).member_logits, ref)
 
 
+def count_calls(module: torch.nn.Module) -> list[int]:
+    calls = [0]
+    module.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    return calls
+
+
+@pytest.mark.parametrize("mode", ["average", "grouped", "pruned"])
+def test_chunked_cpu_inference_equals_members(mode):
+    """Inference in batch chunks (the CPU fast path) gives every member's own logits."""
+    vit = make_vit("small_avg")
+    masks = random_masks(vit, seed=8)
+    fused = build_hydra_vit(vit, masks, mlp_mode=mode, calibration=[images(1)]).eval()
+    refs = [masked(vit, m) for m in masks]
+    if mode == "pruned":
+        refs = [with_mlp_units(r, fused.mlp_kept[i]) for i, r in enumerate(refs)]
+    per_sample = fused.pos_embed.shape[2] * fused._widest * 4
+    fused.inference_chunk_bytes = 2 * per_sample  # two samples at a time
+    calls = count_calls(fused.blocks[0])
+    x = images(10, n=5)
+    with torch.no_grad():
+        out = fused(x)
+        assert calls[0] == 3, "5 samples in chunks of 2"
+        for i, r in enumerate(refs):
+            assert_close(out.member_logits[i], r(x))
+    fused(x)  # autograd on: one whole batch
+    assert calls[0] == 4
+
+
 def test_grouped_linear_inference_path_equals_batched_and_reference():
     """The CPU inference path (one GEMM per member) equals baddbmm and each member's own Linear."""
     from mergers.hydra.layers import GroupedLinear, _use_member_gemms

@@ -7,7 +7,7 @@ together.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -107,6 +107,51 @@ def _member_gemms(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> t
         else:
             torch.addmm(b[m], x[m], w[m], out=out[m])
     return out
+
+
+def run_in_chunks(
+    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, bytes_per_sample: int, budget_bytes: int | None
+) -> torch.Tensor:
+    """fn(x) -> member logits [M, B, C], computed over batch chunks when `inference_chunk` says so."""
+    chunk = inference_chunk(x, bytes_per_sample, budget_bytes)
+    if chunk is None:
+        return fn(x)
+    return torch.cat([fn(c) for c in x.split(chunk)], dim=1)
+
+
+def inference_chunk(x: torch.Tensor, activation_bytes_per_sample: int, budget_bytes: int | None) -> int | None:
+    """How many samples to run at once for CPU inference so that the widest activation of all
+    member streams together stays within `budget_bytes`; None to run the whole batch.
+
+    The fused model keeps M streams alive at once, so at a large batch its MLP activations are M
+    times a single model's and fall out of the CPU caches (measured: benchmarks/hydra_speed.py).
+    Samples are independent, so running chunks is exact. Autograd, torch.compile, torch.export,
+    tracing and accelerators keep the whole batch.
+    """
+    if (
+        not budget_bytes
+        or x.device.type != "cpu"
+        or torch.is_grad_enabled()
+        or torch.compiler.is_compiling()
+        or torch.compiler.is_exporting()
+        or torch.jit.is_tracing()
+    ):
+        return None
+    chunk = max(1, budget_bytes // max(activation_bytes_per_sample, 1))
+    return chunk if chunk < x.shape[0] else None
+
+
+def widest_member_activation(blocks: Sequence[nn.Module]) -> int:
+    """Features per token of the widest layer output over all members (grouped QKV or MLP hidden)."""
+    widest = 0
+    for blk in blocks:
+        widest = max(widest, blk.attn.qkv.members * blk.attn.qkv.weight.shape[2])
+        mlp = blk.mlp
+        if isinstance(mlp, HydraMLP):
+            widest = max(widest, mlp.fc1.members * mlp.fc1.weight.shape[2])
+        else:  # SharedMLP on every stream
+            widest = max(widest, blk.attn.qkv.members * mlp.fc1.out_features)
+    return widest
 
 
 class MemberAffine(nn.Module):

@@ -14,7 +14,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mergers.hydra.layers import GroupedLinear, HydraAttention, HydraMLP, MemberAffine, MemberLayerNorm, SharedMLP
+from mergers.hydra.layers import (
+    GroupedLinear,
+    HydraAttention,
+    HydraMLP,
+    MemberAffine,
+    MemberLayerNorm,
+    SharedMLP,
+    run_in_chunks,
+    widest_member_activation,
+)
+
+# measured with benchmarks/hydra_speed.py on a 2-core CPU: see the README's speed table
+INFERENCE_CHUNK_BYTES = 8 << 20
 
 
 class HydraOutput(NamedTuple):
@@ -122,7 +134,13 @@ class HydraBlock(nn.Module):
 
 
 class HydraViT(nn.Module):
-    """M ViT members in one module; forward returns HydraOutput(member_logits [M,B,C], probs [B,C])."""
+    """M ViT members in one module; forward returns HydraOutput(member_logits [M,B,C], probs [B,C]).
+
+    `inference_chunk_bytes`: CPU inference runs large batches in chunks whose widest activation
+    (all members together) fits this many bytes; None runs every batch whole.
+    """
+
+    inference_chunk_bytes: int | None = INFERENCE_CHUNK_BYTES
 
     def __init__(self, spec: HydraSpec) -> None:
         super().__init__()
@@ -146,6 +164,7 @@ class HydraViT(nn.Module):
             self.head = nn.Linear(d, spec.num_classes)
         else:
             self.head = GroupedLinear([d] * m, [spec.num_classes] * m)
+        self._widest = widest_member_activation(self.blocks)
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Images [B, C, H, W] -> member streams [M, B, T, D] (patch embedding run once)."""
@@ -175,6 +194,10 @@ class HydraViT(nn.Module):
 
     def forward_member_logits(self, x: torch.Tensor) -> torch.Tensor:
         """Images [B, C, H, W] -> per-member logits [M, B, num_classes]."""
+        per_sample = self.pos_embed.shape[2] * self._widest * self.pos_embed.element_size()
+        return run_in_chunks(self._member_logits, x, per_sample, self.inference_chunk_bytes)
+
+    def _member_logits(self, x: torch.Tensor) -> torch.Tensor:
         h = self.embed(x)
         for blk in self.blocks:
             h = blk(h)
