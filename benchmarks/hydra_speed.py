@@ -43,31 +43,34 @@ class SplitBatch(torch.nn.Module):
     """The single timm model run in batch chunks under the same activation budget as the fused
     models' CPU inference: shows what chunking alone gives a single model (fairness check)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, chunk_bytes: int) -> None:
         super().__init__()
-        self.model = model
+        self.model, self.chunk_bytes = model, chunk_bytes
         self.widest = max(max(b.attn.qkv.out_features, b.mlp.fc1.out_features) for b in model.blocks)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         per_sample = self.model.pos_embed.shape[1] * self.widest * x.element_size()
-        chunk = inference_chunk(x, per_sample, INFERENCE_CHUNK_BYTES)
+        chunk = inference_chunk(x, per_sample, self.chunk_bytes)
         return self.model(x) if chunk is None else torch.cat([self.model(c) for c in x.split(chunk)])
 
 
-def build(shape: str, kind: str, members: int = 3) -> torch.nn.Module:
+def build(shape: str, kind: str, chunk_bytes: int = INFERENCE_CHUNK_BYTES, members: int = 3) -> torch.nn.Module:
+    """One benchmarked model; `chunk_bytes` is the CPU inference chunk budget (0: whole batches)."""
     torch.manual_seed(0)
     base = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=1000, **SHAPES[shape]).eval()
     if kind == "single":
         return base
     if kind == "single_split":
-        return SplitBatch(base).eval()
+        return SplitBatch(base, chunk_bytes).eval()
     if kind == "deep_ensemble":
         return DeepEnsemble([base] + [build(shape, "single") for _ in range(members - 1)]).eval()
     heads = get_adapter(base).heads_per_block()
     masks = []
     for m in range(members):  # disjoint split: member m keeps heads m, m+M, ...
         masks.append(HeadMask.from_kept([list(range(m, h, members)) or [m % h] for h in heads], heads))
-    return build_hydra_vit(base, masks, mlp_mode=kind.removeprefix("hydra_")).eval()
+    model = build_hydra_vit(base, masks, mlp_mode=kind.removeprefix("hydra_")).eval()
+    model.inference_chunk_bytes = chunk_bytes
+    return model
 
 
 def flops(model: torch.nn.Module, x: torch.Tensor) -> int:
@@ -84,12 +87,12 @@ def _status_kb(field: str) -> int:
     raise KeyError(field)
 
 
-def peak_memory_child(shape: str, kind: str, batch: int) -> None:
+def peak_memory_child(shape: str, kind: str, batch: int, chunk_bytes: int) -> None:
     """Peak resident memory added by the first forward pass (Linux: VmHWM reset through clear_refs).
 
     No warm-up: after one, the allocator would serve the second pass from memory it already holds.
     """
-    model = build(shape, kind)
+    model = build(shape, kind, chunk_bytes)
     x = torch.randn(batch, 3, 224, 224)
     with torch.no_grad():
         with open("/proc/self/clear_refs", "w") as f:
@@ -99,10 +102,9 @@ def peak_memory_child(shape: str, kind: str, batch: int) -> None:
     print(json.dumps({"peak_mb": max(_status_kb("VmHWM") - before, 0) / 1024}))
 
 
-def peak_memory(shape: str, kind: str, batch: int) -> float:
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", shape, kind, str(batch)], capture_output=True, text=True, check=True
-    )
+def peak_memory(shape: str, kind: str, batch: int, chunk_bytes: int) -> float:
+    cmd = [sys.executable, __file__, "--child", shape, kind, str(batch), str(chunk_bytes)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])["peak_mb"]
 
 
@@ -125,25 +127,29 @@ def main() -> None:
     p.add_argument("--batches", nargs="+", type=int, default=[1, 64])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-memory", action="store_true", help="skip the per-model peak-memory subprocesses")
-    p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--chunk-mib", type=float, default=None, help="inference_chunk_bytes in MiB for every model (0: no chunking)"
+    )
+    p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = p.parse_args()
+    chunk = INFERENCE_CHUNK_BYTES if args.chunk_mib is None else int(args.chunk_mib * 2**20)
     if args.child:
-        peak_memory_child(args.child[0], args.child[1], int(args.child[2]))
+        peak_memory_child(args.child[0], args.child[1], int(args.child[2]), int(args.child[3]))
         return
     torch.manual_seed(0)
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, CPU; "
-        f"median of {args.repeats} round-robin rounds\n"
+        f"median of {args.repeats} round-robin rounds; inference chunks of {chunk / 2**20:g} MiB\n"
     )
     print("| shape | batch | model | latency ms | x single | peak MB | x single | GFLOPs | x single | params M |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for shape in args.shapes:
-        models = {k: build(shape, k) for k in MODELS}
+        models = {k: build(shape, k, chunk) for k in MODELS}
         for batch in args.batches:
             x = torch.randn(batch, 3, 224, 224)
             lat = time_round_robin(models, x, args.repeats if batch > 1 else 5 * args.repeats)
             fl = {k: flops(m, x) for k, m in models.items()}
-            mem = {k: (float("nan") if args.no_memory else peak_memory(shape, k, batch)) for k in models}
+            mem = {k: (float("nan") if args.no_memory else peak_memory(shape, k, batch, chunk)) for k in models}
             for k, m in models.items():
                 params = sum(q.numel() for q in m.parameters()) / 1e6
                 print(

@@ -57,7 +57,20 @@ def describe(model: nn.Module, base_info: dict) -> dict:
     if _is_transformers_model(model):  # e.g. CLIPForImageClassification used as it is: rebuilt from its config
         info["hf_class"] = type(model).__name__
         info["hf_config"] = model.config.to_dict()
+    elif type(model).__name__ in WRAPPERS:  # e.g. ZeroShotCLIP: rebuilt by its own `empty`
+        info["wrapper"] = type(model).__name__
+        info["wrapper_config"] = model.export_config()
     return info
+
+
+def _zero_shot_clip():
+    from compressor.clip import ZeroShotCLIP
+
+    return ZeroShotCLIP
+
+
+# this project's wrappers around a transformers model that an export can name (never an import path)
+WRAPPERS = {"ZeroShotCLIP": _zero_shot_clip}
 
 
 def _is_transformers_model(model: nn.Module) -> bool:
@@ -165,14 +178,19 @@ def save_hf_pretrained(model: nn.Module, mask: HeadMask, folder: Path) -> None:
 
 def build_plain_hf(cfg: dict) -> nn.Module:
     """An empty transformers model of the exported architecture with `heads[b]` heads in block b:
-    the recorded transformers class, or a MeanPoolClassifier over the recorded encoder."""
+    the recorded wrapper (ZeroShotCLIP) or transformers class, or a MeanPoolClassifier over the
+    recorded encoder."""
     import transformers
 
     from compressor.adapters import get_adapter
     from compressor.text import MeanPoolClassifier
 
     base, heads = cfg["base"], cfg["heads"]
-    if "hf_class" in cfg:
+    if "wrapper" in cfg:
+        if cfg["wrapper"] not in WRAPPERS:
+            raise ExportError(f"wrapper: expected one of {', '.join(WRAPPERS)}, got {cfg['wrapper']!r}")
+        model = WRAPPERS[cfg["wrapper"]]().empty(**cfg["wrapper_config"])
+    elif "hf_class" in cfg:
         cls = getattr(transformers, str(cfg["hf_class"]), None)
         if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
             raise ExportError(f"hf_class: expected a transformers model class, got {cfg['hf_class']!r}")

@@ -204,6 +204,18 @@ def test_onnx_export_of_fused_model_matches_torch(tmp_path):
         torch.testing.assert_close(torch.from_numpy(got[0]), fused(x5).member_logits, rtol=1e-4, atol=1e-4)
 
 
+def _small_clip():
+    from transformers import CLIPConfig, CLIPModel
+
+    torch.manual_seed(0)
+    common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+    text = dict(vocab_size=50, max_position_embeddings=16, **common)
+    return CLIPModel(CLIPConfig(text_config=text, vision_config=dict(image_size=16, patch_size=8, **common))).eval()
+
+
+PROMPTS = torch.tensor([[0, 5, 9, 49], [0, 7, 3, 49], [0, 11, 49, 1], [0, 4, 4, 49]])  # 4 classes
+
+
 def _hf_classifier(kind: str):
     """A small randomly initialised transformers classifier of each family the hydra merger fuses."""
     from transformers import (
@@ -215,6 +227,8 @@ def _hf_classifier(kind: str):
         ViTForImageClassification,
     )
 
+    from compressor.clip import ZeroShotCLIP
+
     torch.manual_seed(0)
     common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
     if kind == "vit":
@@ -223,6 +237,8 @@ def _hf_classifier(kind: str):
     elif kind == "clip_vision":
         vision = dict(image_size=16, patch_size=8, **common)
         model = CLIPForImageClassification(CLIPConfig(vision_config=vision, num_labels=5))
+    elif kind == "clip_zero_shot":
+        model = _small_clip()
     else:
         encoder = CLIPTextModel(CLIPTextConfig(vocab_size=50, max_position_embeddings=16, **common))
         model = MeanPoolClassifier(encoder, 5, pad_token_id=1)
@@ -230,6 +246,8 @@ def _hf_classifier(kind: str):
         for name, p in model.named_parameters():
             if "bias" in name or "norm" in name:
                 p.add_(0.1 * torch.randn_like(p))
+    if kind == "clip_zero_shot":
+        model = ZeroShotCLIP.from_clip(model, PROMPTS)
     return model.eval()
 
 
@@ -244,9 +262,10 @@ def _hf_inputs(kind: str) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("mode", ["average", "grouped", "pruned"])
-@pytest.mark.parametrize("kind", ["vit", "clip_vision", "clip_text"])
+@pytest.mark.parametrize("kind", ["vit", "clip_vision", "clip_text", "clip_zero_shot"])
 def test_hydra_hf_equals_masked_members(kind, mode, tmp_path):
-    """ViT, CLIP vision (mean-pooled patches) and CLIP text (causal + padding mask, quick GELU)."""
+    """ViT, CLIP vision (mean-pooled patches), CLIP text (causal + padding mask, quick GELU) and
+    zero-shot CLIP (projection + cosine similarity to class prompt embeddings)."""
     import compressor
     from compressor.export import export_model
     from mergers.hydra import HydraMerger
@@ -272,6 +291,12 @@ def test_hydra_hf_equals_masked_members(kind, mode, tmp_path):
         expected = get_adapter(ref).logits(x)
         assert (expected - get_adapter(model).logits(x)).abs().max() > 1e-4, "the member differs from the base"
         torch.testing.assert_close(out[i], expected, rtol=1e-5, atol=1e-5)
+    fused.inference_chunk_bytes = 1  # CPU inference one sample at a time: exact too
+    calls = []
+    fused.layers[0].register_forward_hook(lambda *_: calls.append(1))
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x).member_logits, out, rtol=1e-5, atol=1e-5)
+    assert len(calls) == len(x)
     export_model(fused, tmp_path / "e", {"source": "hf"}, masks)
     assert torch.equal(compressor.load(tmp_path / "e")(x).member_logits, out)
 
@@ -285,7 +310,7 @@ def test_hydra_refuses_bare_towers_clearly():
 
 
 @pytest.mark.parametrize("name", ["magnitude", "taylor", "gradient_free", "random", "disjoint"])
-@pytest.mark.parametrize("kind", ["clip_vision", "clip_text"])
+@pytest.mark.parametrize("kind", ["clip_vision", "clip_text", "clip_zero_shot"])
 def test_every_pruner_on_clip_classifiers(kind, name):
     model = _hf_classifier(kind)
     x = _hf_inputs(kind)
@@ -316,3 +341,33 @@ def test_plain_clip_export_loads_with_transformers_alone(tmp_path):
     alone = CLIPForImageClassification.from_pretrained(str(tmp_path / "plain" / "hf_model")).eval()
     with torch.no_grad():
         torch.testing.assert_close(alone(x).logits, pruned(x).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_zero_shot_clip_equals_clip_logits_per_image():
+    """ZeroShotCLIP gives CLIPModel's own logits_per_image for the class prompts."""
+    from compressor.clip import ZeroShotCLIP
+
+    clip = _small_clip()
+    x = _hf_inputs("clip_zero_shot")
+    with torch.no_grad():
+        expected = clip(input_ids=PROMPTS, pixel_values=x).logits_per_image
+        got = ZeroShotCLIP.from_clip(clip, PROMPTS)(x)
+    assert got.shape == (3, 4)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_plain_zero_shot_clip_export_round_trip(tmp_path):
+    import compressor
+    from compressor.export import export_model
+
+    model = _hf_classifier("clip_zero_shot")
+    mask = HeadMask.from_kept([[0, 3], [1, 2, 3]], [4, 4])
+    pruned = prune_physically(model, mask)
+    x = _hf_inputs("clip_zero_shot")
+    masked = copy.deepcopy(model)
+    get_adapter(masked).apply_mask(mask)
+    torch.testing.assert_close(pruned(x), masked(x), rtol=1e-5, atol=1e-5)
+    export_model(pruned, tmp_path / "plain", {"source": "hf"}, [mask])
+    loaded = compressor.load(tmp_path / "plain")
+    assert torch.equal(loaded(x), pruned(x))
+    assert (tmp_path / "plain" / "hf_encoder" / "model.safetensors").is_file()

@@ -5,7 +5,7 @@ Same fusion as the timm version: member streams [M, B, T, D], grouped Q/K/V, one
 BERT blocks are post-norm (x = LN1(x + attn(x)); x = LN2(x + mlp(x))), ViT and CLIP blocks
 pre-norm. Embeddings run once when the members share them. Supported:
 `MeanPoolClassifier(BertModel-like)`, `MeanPoolClassifier(CLIPTextModel)`,
-`ViTForImageClassification` and `CLIPForImageClassification`.
+`ViTForImageClassification`, `CLIPForImageClassification` and `compressor.clip.ZeroShotCLIP`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,16 @@ from torch import nn
 from compressor.adapters import get_adapter
 from compressor.masks import HeadMask
 from mergers.hydra.build import _fill_norm, _same_module, fill_attention, fill_mlp, top_units
-from mergers.hydra.layers import GroupedLinear, HydraAttention, HydraMLP, MemberLayerNorm, SharedMLP
-from mergers.hydra.model import ACTIVATIONS, HydraOutput
+from mergers.hydra.layers import (
+    GroupedLinear,
+    HydraAttention,
+    HydraMLP,
+    MemberLayerNorm,
+    SharedMLP,
+    run_in_chunks,
+    widest_member_activation,
+)
+from mergers.hydra.model import ACTIVATIONS, INFERENCE_CHUNK_BYTES, HydraOutput
 
 ACT_NAMES = {
     "gelu": "gelu",
@@ -58,6 +66,7 @@ class _Family:
     text: bool  # token ids in (padding = pad_token_id), else images
     causal: bool = False
     pool: str = "cls"  # cls | mean_tokens (non-padding tokens) | mean_patches (every token after the first)
+    zero_shot: bool = False  # classifier = projection, then scaled cosine similarity to fixed class embeddings
 
 
 _BERT = "transformers.models.bert.modeling_bert"
@@ -86,6 +95,11 @@ FAMILIES = {
         "encoder.final_layer_norm", "head", "transformers:CLIPTextConfig", f"{_CLIP}:CLIPTextEmbeddings",
         **_CLIP_LAYER, text=True, causal=True, pool="mean_tokens",
     ),
+    "clip_zero_shot": _Family(
+        "clip_zero_shot", "encoder.config", "encoder.embeddings", "encoder.encoder.layers", "encoder.pre_layrnorm",
+        "encoder.post_layernorm", "projection", "transformers:CLIPVisionConfig", f"{_CLIP}:CLIPVisionEmbeddings",
+        **_CLIP_LAYER, text=False, zero_shot=True,
+    ),
 }  # fmt: skip
 
 
@@ -102,6 +116,7 @@ def _import(name: str):
 
 def family_of(model: nn.Module) -> str | None:
     """The FAMILIES key of a supported classifier, or None."""
+    from compressor.clip import ZeroShotCLIP
     from compressor.text import MeanPoolClassifier
 
     try:
@@ -118,6 +133,8 @@ def family_of(model: nn.Module) -> str | None:
         return "vit"
     if isinstance(model, CLIPForImageClassification):
         return "clip_vision"
+    if isinstance(model, ZeroShotCLIP):
+        return "clip_zero_shot"
     return None
 
 
@@ -157,6 +174,7 @@ class HydraHFSpec:
     eps: float = 1e-12
     pad_token_id: int = 0
     shared: dict[str, bool] = field(default_factory=dict)
+    projection_dim: int = 0  # zero-shot CLIP: the head projects to this width, then compares to class embeddings
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -193,7 +211,12 @@ class HydraHFLayer(nn.Module):
 
 
 class HydraHF(nn.Module):
-    """M transformers classifiers in one module: token ids [B, L] or images [B, C, H, W] -> HydraOutput."""
+    """M transformers classifiers in one module: token ids [B, L] or images [B, C, H, W] -> HydraOutput.
+
+    `inference_chunk_bytes`: as for HydraViT, CPU inference runs large batches in chunks.
+    """
+
+    inference_chunk_bytes: int | None = INFERENCE_CHUNK_BYTES
 
     def __init__(self, spec: HydraHFSpec) -> None:
         super().__init__()
@@ -208,10 +231,16 @@ class HydraHF(nn.Module):
         self.embed_norm = _norm(spec, "embed_norm", dim) if fam.embed_norm else nn.Identity()
         self.layers = nn.ModuleList(HydraHFLayer(spec, i, dim) for i in range(len(spec.heads)))
         self.final_norm = _norm(spec, "final_norm", dim) if fam.final_norm else nn.Identity()
+        out, bias = (spec.projection_dim, False) if fam.zero_shot else (spec.num_classes, True)
         if spec.shared.get("head", True):
-            self.head = nn.Linear(dim, spec.num_classes)
+            self.head = nn.Linear(dim, out, bias=bias)
         else:
-            self.head = GroupedLinear([dim] * spec.members, [spec.num_classes] * spec.members)
+            self.head = GroupedLinear([dim] * spec.members, [out] * spec.members, bias=bias)
+        if fam.zero_shot:
+            self.register_buffer("class_embeds", torch.zeros(spec.num_classes, spec.projection_dim))
+            self.register_buffer("logit_scale", torch.ones(()))
+        self._widest = widest_member_activation(self.layers)
+        self._image_tokens = 0 if fam.text else (config.image_size // config.patch_size) ** 2 + 1
 
     def _embed(self, inputs: torch.Tensor) -> torch.Tensor:
         text = FAMILIES[self.spec.family].text
@@ -229,21 +258,28 @@ class HydraHF(nn.Module):
         return causal & key_mask[:, None, None, :]  # the mask CLIPTextModel builds from its attention_mask
 
     def forward_member_logits(self, inputs: torch.Tensor) -> torch.Tensor:
+        tokens = self._image_tokens or inputs.shape[-1]
+        per_sample = tokens * self._widest * self.head.weight.element_size()
+        return run_in_chunks(self._member_logits, inputs, per_sample, self.inference_chunk_bytes)
+
+    def _member_logits(self, inputs: torch.Tensor) -> torch.Tensor:
         fam = FAMILIES[self.spec.family]
         key_mask = inputs != self.spec.pad_token_id if fam.text else None
         x = self.embed_norm(self._embed(inputs))
         attn_mask = self._attention_mask(key_mask, x.shape[2])
         for layer in self.layers:
             x = layer(x, attn_mask)
-        x = self.final_norm(x)
         if fam.pool == "cls":
-            pooled = x[:, :, 0]
+            pooled = self.final_norm(x[:, :, 0])  # a per-token norm: pooling first is the same, and cheaper
         elif fam.pool == "mean_patches":
-            pooled = x[:, :, 1:].mean(2)
+            pooled = self.final_norm(x)[:, :, 1:].mean(2)
         else:
             m = key_mask[None, :, :, None].to(x.dtype)
-            pooled = (x * m).sum(2) / m.sum(2).clamp_min(1.0)  # [M, B, D]
-        return self.head(pooled)
+            pooled = (self.final_norm(x) * m).sum(2) / m.sum(2).clamp_min(1.0)  # [M, B, D]
+        out = self.head(pooled)
+        if not fam.zero_shot:
+            return out
+        return self.logit_scale * (out / out.norm(dim=-1, keepdim=True)) @ self.class_embeds.t()
 
     def forward(self, inputs: torch.Tensor) -> HydraOutput:
         logits = self.forward_member_logits(inputs)
@@ -262,8 +298,8 @@ def build_hydra_hf(
     if family is None:
         raise NotImplementedError(
             f"hydra merger: {type(base).__name__} is not supported; transformers models supported are "
-            "MeanPoolClassifier(BertModel-like or CLIPTextModel), ViTForImageClassification and "
-            "CLIPForImageClassification (the plain merger handles any)"
+            "MeanPoolClassifier(BertModel-like or CLIPTextModel), ViTForImageClassification, "
+            "CLIPForImageClassification and ZeroShotCLIP (the plain merger handles any)"
         )
     fam = FAMILIES[family]
     m = len(masks)
@@ -304,11 +340,18 @@ def build_hydra_hf(
         mlp_hidden = [[k] * m] * depth
     if config.hidden_act not in ACT_NAMES:
         raise NotImplementedError(f"hydra merger: activation '{config.hidden_act}' is not supported")
+    head_out = parts[0].classifier.out_features
+    if fam.zero_shot and not all(
+        torch.equal(s.class_embeds, srcs[0].class_embeds) and torch.equal(s.logit_scale, srcs[0].logit_scale)
+        for s in srcs[1:]
+    ):
+        raise ValueError("hydra merger: zero-shot CLIP members must share their class embeddings and logit scale")
     spec = HydraHFSpec(
         members=m,
         family=family,
         encoder_config=config.to_dict(),
-        num_classes=parts[0].classifier.out_features,
+        num_classes=srcs[0].class_embeds.shape[0] if fam.zero_shot else head_out,
+        projection_dim=head_out if fam.zero_shot else 0,
         head_dim=get_adapter(srcs[0]).head_dim(0),
         heads=[[mask.num_kept()[b] for mask in masks] for b in range(depth)],
         mlp_hidden=mlp_hidden,
@@ -333,6 +376,9 @@ def _fill(model: HydraHF, srcs, parts: list[_Parts], fam: _Family, masks, unit_k
             model.head.set_member(i, p.classifier.weight, p.classifier.bias)
     else:
         model.head.load_state_dict(parts[0].classifier.state_dict())
+    if fam.zero_shot:
+        model.class_embeds.copy_(srcs[0].class_embeds)
+        model.logit_scale.copy_(srcs[0].logit_scale)
     for name in ("embed_norm", "final_norm"):
         if getattr(fam, name):
             _fill_norm(getattr(model, name), [getattr(p, name) for p in parts])
