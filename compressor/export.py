@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from compressor.clip import ZeroShotCLIP
 from compressor.io import atomic_dir
 from compressor.masks import HeadMask, save_masks
 from compressor.weights import WeightsError, load_weights, save_weights
@@ -57,20 +58,14 @@ def describe(model: nn.Module, base_info: dict) -> dict:
     if _is_transformers_model(model):  # e.g. CLIPForImageClassification used as it is: rebuilt from its config
         info["hf_class"] = type(model).__name__
         info["hf_config"] = model.config.to_dict()
-    elif type(model).__name__ in WRAPPERS:  # e.g. ZeroShotCLIP: rebuilt by its own `empty`
+    elif isinstance(model, tuple(WRAPPERS.values())):  # e.g. ZeroShotCLIP: rebuilt by its own `empty`
         info["wrapper"] = type(model).__name__
         info["wrapper_config"] = model.export_config()
     return info
 
 
-def _zero_shot_clip():
-    from compressor.clip import ZeroShotCLIP
-
-    return ZeroShotCLIP
-
-
 # this project's wrappers around a transformers model that an export can name (never an import path)
-WRAPPERS = {"ZeroShotCLIP": _zero_shot_clip}
+WRAPPERS = {"ZeroShotCLIP": ZeroShotCLIP}
 
 
 def _is_transformers_model(model: nn.Module) -> bool:
@@ -189,7 +184,7 @@ def build_plain_hf(cfg: dict) -> nn.Module:
     if "wrapper" in cfg:
         if cfg["wrapper"] not in WRAPPERS:
             raise ExportError(f"wrapper: expected one of {', '.join(WRAPPERS)}, got {cfg['wrapper']!r}")
-        model = WRAPPERS[cfg["wrapper"]]().empty(**cfg["wrapper_config"])
+        model = WRAPPERS[cfg["wrapper"]].empty(**cfg["wrapper_config"])
     elif "hf_class" in cfg:
         cls = getattr(transformers, str(cfg["hf_class"]), None)
         if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):

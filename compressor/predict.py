@@ -80,4 +80,5 @@ def predict(model: nn.Module, dataset: Dataset, batch_size: int = 256) -> tuple[
     finally:
         model.train(was_training)
     n = len(dataset)
-    return gather_sampled(torch.cat(probs, dim=1), n, dim=1), (gather_sampled(torch.cat(labels), n) if labels else None)
+    all_labels = gather_sampled(torch.cat(labels), n) if labels else None
+    return gather_sampled(torch.cat(probs, dim=1), n, dim=1), all_labels
