@@ -62,3 +62,22 @@ def labelled_batches(n_batches: int = 3, batch: int = 16, classes: int = 8, seed
 @pytest.fixture
 def batches():
     return labelled_batches()
+
+
+def perturbed_members(model: torch.nn.Module, masks, scale: float, seed: int = 0) -> list[torch.nn.Module]:
+    """Stand-ins for fine-tuned members: copies of `model` with every parameter nudged by seeded
+    noise (so members differ everywhere) and member i's head mask applied."""
+    import copy
+
+    from compressor.adapters import get_adapter
+
+    out = []
+    for i, mask in enumerate(masks):
+        torch.manual_seed(seed + i)
+        member = copy.deepcopy(model)
+        with torch.no_grad():
+            for p in member.parameters():
+                p.add_(scale * torch.randn_like(p))
+        get_adapter(member).apply_mask(mask)
+        out.append(member)
+    return out

@@ -12,6 +12,8 @@ from compressor.registry import resolve
 from compressor.text import MeanPoolClassifier, minilm_path
 from mergers.plain import prune_physically
 
+from .conftest import perturbed_members
+
 SENTENCES = [
     "a gripping, beautifully acted film",
     "dull and far too long",
@@ -103,19 +105,6 @@ def test_vit_and_clip_towers(kind):
     torch.testing.assert_close(get_adapter(pruned).logits(x), out, rtol=1e-5, atol=1e-5)
 
 
-def _perturbed(model, masks, scale=0.02):
-    out = []
-    for i, mask in enumerate(masks):
-        torch.manual_seed(10 + i)
-        member = copy.deepcopy(model)
-        with torch.no_grad():
-            for p in member.parameters():
-                p.add_(scale * torch.randn_like(p))
-        get_adapter(member).apply_mask(mask)
-        out.append(member)
-    return out
-
-
 @pytest.mark.parametrize("mode", ["average", "grouped", "pruned"])
 def test_hydra_minilm_equals_masked_members(minilm, mode):
     from mergers.hydra import HydraMerger
@@ -146,7 +135,7 @@ def test_hydra_minilm_fine_tuned_members(minilm):
 
     model, ids = minilm
     masks = [HeadMask.from_kept([[m, m + 3, 11 - m]] * 6, [12] * 6) for m in range(3)]
-    members = _perturbed(model, masks)
+    members = perturbed_members(model, masks, scale=0.02, seed=10)
     fused = HydraMerger(mlp="grouped").merge(model, masks, members)
     assert not fused.spec.shared["embeddings"]
     out = fused(ids).member_logits
@@ -274,7 +263,7 @@ def test_hydra_hf_equals_masked_members(kind, mode, tmp_path):
     model = _hf_classifier(kind)
     fam = FAMILIES[kind]
     masks = [HeadMask.from_kept([[0, 1, 2], [3]], [4, 4]), HeadMask.from_kept([[3], [0, 2]], [4, 4])]
-    members = _perturbed(model, masks) if mode == "grouped" else None
+    members = perturbed_members(model, masks, scale=0.02, seed=10) if mode == "grouped" else None
     fused = HydraMerger(mlp=mode).merge(model, masks, members)
     x = _hf_inputs(kind)
     out = fused(x).member_logits

@@ -9,7 +9,7 @@ from compressor.adapters import get_adapter
 from compressor.masks import HeadMask
 from mergers.hydra import HydraMerger, build_hydra_vit
 
-from .conftest import make_vit
+from .conftest import make_vit, perturbed_members
 
 RTOL, ATOL = 1e-5, 1e-5
 
@@ -34,18 +34,6 @@ def masked(model, mask):
     ref = copy.deepcopy(model)
     get_adapter(ref).apply_mask(mask)
     return ref
-
-
-def perturbed_members(vit, masks, scale=0.05):
-    out = []
-    for i, mask in enumerate(masks):
-        torch.manual_seed(100 + i)
-        member = copy.deepcopy(vit)
-        with torch.no_grad():
-            for p in member.parameters():
-                p.add_(scale * torch.randn_like(p))
-        out.append(masked(member, mask))
-    return out
 
 
 def with_mlp_units(model, kept_per_block):
@@ -102,7 +90,7 @@ def test_fused_equals_each_masked_member(vit_shape, mode, train_mode):
 def test_fused_equals_fine_tuned_members(vit_shape, mode):
     vit = make_vit(vit_shape)
     masks = random_masks(vit, seed=3)
-    members = perturbed_members(vit, masks)
+    members = perturbed_members(vit, masks, scale=0.05, seed=100)
     fused = build_hydra_vit(vit, masks, members=members, mlp_mode=mode)
     final = "norm" if fused.spec.final_norm else "fc_norm"
     per_member = ("patch_embed", "pos_embed", final, "head", "blocks.0.norm1", "blocks.1.norm2")
@@ -122,7 +110,7 @@ def test_fused_equals_fine_tuned_members(vit_shape, mode):
 def test_gradients_match_members(vit_shape):
     vit = make_vit(vit_shape)
     masks = random_masks(vit, seed=4)
-    members = perturbed_members(vit, masks)
+    members = perturbed_members(vit, masks, scale=0.05, seed=100)
     fused = build_hydra_vit(vit, masks, members=members, mlp_mode="grouped").train()
     w = torch.randn(vit.num_classes)
     x = images(5).requires_grad_(True)
