@@ -1,6 +1,6 @@
 """Uncertainty comparison on the embedded default, over several seeds, by the recipe engine.
 
-    python benchmarks/uq_table.py                     # 3 seeds, every method (about 1 h on 2 cores)
+    python benchmarks/uq_table.py                     # 3 seeds, every method (about 20 minutes on 2 cores)
     python benchmarks/uq_table.py --seeds 0 --finetune-steps 20
 
 ID = scikit-learn digits 0-7; OOD = digits 8-9 and crops of scikit-learn's sample photos;
