@@ -73,32 +73,37 @@ _BERT = "transformers.models.bert.modeling_bert"
 _VIT = "transformers.models.vit.modeling_vit"
 _CLIP = "transformers.models.clip.modeling_clip"
 _CLIP_LAYER = dict(pre_norm=True, norm1="layer_norm1", norm2="layer_norm2", fc1="mlp.fc1", fc2="mlp.fc2")
+_CLIP_VISION = dict(config_class="transformers:CLIPVisionConfig", embeddings_class=f"{_CLIP}:CLIPVisionEmbeddings")
 
 FAMILIES = {
     "bert": _Family(
-        "bert", "encoder.config", "encoder.embeddings", "encoder.encoder.layer", None, None, "head",
-        "transformers:BertConfig", f"{_BERT}:BertEmbeddings", False, "attention.output.LayerNorm",
-        "output.LayerNorm", "intermediate.dense", "output.dense", text=True, pool="mean_tokens",
+        name="bert", config="encoder.config", embeddings="encoder.embeddings", layers="encoder.encoder.layer",
+        embed_norm=None, final_norm=None, classifier="head",
+        config_class="transformers:BertConfig", embeddings_class=f"{_BERT}:BertEmbeddings",
+        pre_norm=False, norm1="attention.output.LayerNorm", norm2="output.LayerNorm",
+        fc1="intermediate.dense", fc2="output.dense", text=True, pool="mean_tokens",
     ),
     "vit": _Family(
-        "vit", "vit.config", "vit.embeddings", "vit.layers", None, "vit.layernorm", "classifier",
-        "transformers:ViTConfig", f"{_VIT}:ViTEmbeddings", True, "layernorm_before", "layernorm_after",
-        "mlp.fc1", "mlp.fc2", text=False,
+        name="vit", config="vit.config", embeddings="vit.embeddings", layers="vit.layers",
+        embed_norm=None, final_norm="vit.layernorm", classifier="classifier",
+        config_class="transformers:ViTConfig", embeddings_class=f"{_VIT}:ViTEmbeddings",
+        pre_norm=True, norm1="layernorm_before", norm2="layernorm_after", fc1="mlp.fc1", fc2="mlp.fc2", text=False,
     ),
     "clip_vision": _Family(
-        "clip_vision", "vision_model.config", "vision_model.embeddings", "vision_model.encoder.layers",
-        "vision_model.pre_layrnorm", None, "classifier", "transformers:CLIPVisionConfig",
-        f"{_CLIP}:CLIPVisionEmbeddings", **_CLIP_LAYER, text=False, pool="mean_patches",
+        name="clip_vision", config="vision_model.config", embeddings="vision_model.embeddings",
+        layers="vision_model.encoder.layers", embed_norm="vision_model.pre_layrnorm", final_norm=None,
+        classifier="classifier", **_CLIP_VISION, **_CLIP_LAYER, text=False, pool="mean_patches",
     ),
     "clip_text": _Family(
-        "clip_text", "encoder.config", "encoder.embeddings", "encoder.encoder.layers", None,
-        "encoder.final_layer_norm", "head", "transformers:CLIPTextConfig", f"{_CLIP}:CLIPTextEmbeddings",
+        name="clip_text", config="encoder.config", embeddings="encoder.embeddings", layers="encoder.encoder.layers",
+        embed_norm=None, final_norm="encoder.final_layer_norm", classifier="head",
+        config_class="transformers:CLIPTextConfig", embeddings_class=f"{_CLIP}:CLIPTextEmbeddings",
         **_CLIP_LAYER, text=True, causal=True, pool="mean_tokens",
     ),
     "clip_zero_shot": _Family(
-        "clip_zero_shot", "encoder.config", "encoder.embeddings", "encoder.encoder.layers", "encoder.pre_layrnorm",
-        "encoder.post_layernorm", "projection", "transformers:CLIPVisionConfig", f"{_CLIP}:CLIPVisionEmbeddings",
-        **_CLIP_LAYER, text=False, zero_shot=True,
+        name="clip_zero_shot", config="encoder.config", embeddings="encoder.embeddings",
+        layers="encoder.encoder.layers", embed_norm="encoder.pre_layrnorm", final_norm="encoder.post_layernorm",
+        classifier="projection", **_CLIP_VISION, **_CLIP_LAYER, text=False, zero_shot=True,
     ),
 }  # fmt: skip
 
