@@ -29,7 +29,7 @@ from compressor.adapters import get_adapter
 from compressor.masks import HeadMask
 from compressor.predict import DeepEnsemble
 from mergers.hydra import build_hydra_vit
-from mergers.hydra.layers import inference_chunk
+from mergers.hydra.layers import run_in_chunks
 from mergers.hydra.model import INFERENCE_CHUNK_BYTES
 
 SHAPES = {
@@ -50,8 +50,7 @@ class SplitBatch(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         per_sample = self.model.pos_embed.shape[1] * self.widest * x.element_size()
-        chunk = inference_chunk(x, per_sample, self.chunk_bytes)
-        return self.model(x) if chunk is None else torch.cat([self.model(c) for c in x.split(chunk)])
+        return run_in_chunks(self.model, x, per_sample, self.chunk_bytes, out_batch_dim=0)
 
 
 def build(shape: str, kind: str, chunk_bytes: int = INFERENCE_CHUNK_BYTES, members: int = 3) -> torch.nn.Module:

@@ -110,13 +110,18 @@ def _member_gemms(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> t
 
 
 def run_in_chunks(
-    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, bytes_per_sample: int, budget_bytes: int | None
+    fn: Callable[[torch.Tensor], torch.Tensor],
+    x: torch.Tensor,
+    bytes_per_sample: int,
+    budget_bytes: int | None,
+    out_batch_dim: int = 1,
 ) -> torch.Tensor:
-    """fn(x) -> member logits [M, B, C], computed over batch chunks when `inference_chunk` says so."""
+    """fn(x), computed over batch chunks of x when `inference_chunk` says so; the outputs are joined
+    along `out_batch_dim` (1 for member logits [M, B, C])."""
     chunk = inference_chunk(x, bytes_per_sample, budget_bytes)
     if chunk is None:
         return fn(x)
-    return torch.cat([fn(c) for c in x.split(chunk)], dim=1)
+    return torch.cat([fn(c) for c in x.split(chunk)], dim=out_batch_dim)
 
 
 def inference_chunk(x: torch.Tensor, activation_bytes_per_sample: int, budget_bytes: int | None) -> int | None:
