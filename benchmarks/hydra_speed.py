@@ -25,10 +25,10 @@ import timm
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from compressor.adapters import get_adapter
+from compressor.families import family_of
 from compressor.masks import HeadMask
-from compressor.predict import DeepEnsemble
-from mergers.hydra import build_hydra_vit
+from compressor.outputs import DeepEnsemble
+from mergers.hydra import build_hydra
 from mergers.hydra.layers import run_in_chunks
 from mergers.hydra.model import INFERENCE_CHUNK_BYTES
 
@@ -63,11 +63,11 @@ def build(shape: str, kind: str, chunk_bytes: int = INFERENCE_CHUNK_BYTES, membe
         return SplitBatch(base, chunk_bytes).eval()
     if kind == "deep_ensemble":
         return DeepEnsemble([base] + [build(shape, "single") for _ in range(members - 1)]).eval()
-    heads = get_adapter(base).heads_per_block()
+    heads = family_of(base).heads_per_block()
     masks = []
     for m in range(members):  # disjoint split: member m keeps heads m, m+M, ...
         masks.append(HeadMask.from_kept([list(range(m, h, members)) or [m % h] for h in heads], heads))
-    model = build_hydra_vit(base, masks, mlp_mode=kind.removeprefix("hydra_")).eval()
+    model = build_hydra(base, masks, mlp_mode=kind.removeprefix("hydra_")).eval()
     model.inference_chunk_bytes = chunk_bytes
     return model
 

@@ -1,12 +1,18 @@
-"""The `compressor` command line: apply, validate, list."""
+"""The `compressor` command line: apply, validate, list.
+
+Every error this project raises on purpose (a `CompressorError`) is printed as one line on
+stderr and exits with code 2 (bad input: recipe, file, option, unsupported model) or 1 (work that
+had started failed); `--debug` shows the traceback too.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+import traceback
 
-from compressor.recipe import RecipeError, load_recipe
+from compressor.errors import CompressorError
 
 EPILOG = """examples:
   compressor apply recipes/vit_hydra.yaml
@@ -24,6 +30,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     a = sub.add_parser("apply", help="run a recipe end to end", description="Validate, then run every step of RECIPE.")
     a.add_argument("recipe", metavar="RECIPE", help="path to a YAML recipe")
@@ -37,55 +44,72 @@ def _parser() -> argparse.ArgumentParser:
         help="override a recipe value, e.g. model.train_base.steps=50 or steps.0.prune.members=4",
     )
     a.add_argument("--quiet", action="store_true", help="no progress bars or step messages")
-    v = sub.add_parser("validate", help="check a recipe without running it")
+    v = sub.add_parser(
+        "validate",
+        help="check a recipe without running it",
+        description="Check RECIPE: every key, step and plugin option, the cross-step rules, and (without "
+        "training) that the model, one real batch and every step fit together.",
+    )
     v.add_argument("recipe", metavar="RECIPE")
     v.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
-    sub.add_parser("list", help="registered pruners and mergers, one line each")
+    sub.add_parser("list", help="registered steps, pruners, importances, mergers and model families")
     return p
 
 
 def cmd_list() -> int:
     from compressor.registry import available
 
-    for kind in ("pruner", "merger"):
+    for kind in ("step", "pruner", "importance", "merger", "family"):
         print(f"{kind}s:")
         for name, summary in available(kind).items():
             print(f"  {name:<16} {summary}")
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if args.command == "list":
-        return cmd_list()
-    try:
-        recipe = load_recipe(args.recipe, args.overrides)
-    except RecipeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if args.command == "validate":
-        print(f"{args.recipe}: ok ({len(recipe.steps)} steps: {', '.join(k for k, _ in recipe.steps)})")
-        return 0
-    from compressor.distributed import is_main, shutdown
+def cmd_validate(args: argparse.Namespace) -> int:
+    from compressor.recipe import load_recipe
     from compressor.runner import Runner
 
+    recipe = load_recipe(args.recipe, args.overrides)
+    Runner(recipe, quiet=True).check()
+    print(f"{args.recipe}: ok ({len(recipe.steps)} steps: {', '.join(k for k, _ in recipe.steps)})")
+    return 0
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    from compressor.distributed import is_main, shutdown
+    from compressor.recipe import load_recipe
+    from compressor.runner import Runner
+
+    recipe = load_recipe(args.recipe, args.overrides)
     t0 = time.time()
     runner = Runner(recipe, args.out, quiet=args.quiet)
     try:
         runner.run()
-    except KeyboardInterrupt:
-        print("interrupted; finished outputs are intact, nothing half-written was left", file=sys.stderr)
-        return 130
-    except (ValueError, RuntimeError, NotImplementedError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
     finally:
         main_process = is_main()
         shutdown()
-    if not main_process:
-        return 0
-    print(f"done in {time.time() - t0:.0f}s; outputs in {runner.out}/ (report.md, metrics.json, plots/, export/)")
+    if main_process:
+        print(f"done in {time.time() - t0:.0f}s; outputs in {runner.out}/ (report.md, metrics.json, plots/, export/)")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "list":
+            return cmd_list()
+        if args.command == "validate":
+            return cmd_validate(args)
+        return cmd_apply(args)
+    except CompressorError as e:
+        if args.debug:
+            traceback.print_exc()
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted; files already written are complete (none is half-written)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

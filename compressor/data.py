@@ -171,6 +171,18 @@ class _Unlabelled(Dataset):
         return (self.ds[i][0],)
 
 
+def load_bundle(data_cfg: dict, model_name: str, model: torch.nn.Module | None = None) -> DataBundle:
+    """The recipe's data: digits, a user's image folder (transforms follow `model`), or the
+    bundled text sample tokenised for transformers model `model_name`."""
+    if data_cfg["source"] == "digits":
+        return digits_bundle(img_size=data_cfg["img_size"], seed=data_cfg["seed"])
+    if data_cfg["source"] == "text":
+        from compressor.text import text_bundle
+
+        return text_bundle(model_name, data_cfg["max_length"], seed=data_cfg["seed"])
+    return image_folder_bundle(data_cfg["root"], model, data_cfg["ood_roots"], seed=data_cfg["seed"])
+
+
 def loader(ds: Dataset, batch_size: int, shuffle: bool = False, seed: int = 0, epoch: int = 0) -> DataLoader:
     """This rank's DataLoader: a seeded `DistributedSampler` and the per-rank share of `batch_size`.
 

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import torch
 
+from compressor.errors import MaskError
 from compressor.io import atomic_write_text
 
-
-class MaskError(ValueError):
-    """A head mask that does not fit the model it is applied to."""
+__all__ = ["HeadMask", "MaskError", "load_masks", "save_masks"]
 
 
 @dataclass(frozen=True)
@@ -58,9 +57,6 @@ class HeadMask:
 
     def kept_indices(self, block: int) -> list[int]:
         return torch.nonzero(self.blocks[block]).flatten().tolist()
-
-    def keep_fraction(self) -> float:
-        return sum(self.num_kept()) / max(1, sum(self.heads_per_block()))
 
     def validate(self, heads_per_block: Sequence[int], allow_empty_blocks: bool = False, where: str = "mask") -> None:
         """Raise MaskError unless this mask fits a model with `heads_per_block` heads."""

@@ -1,4 +1,5 @@
-"""Base models for recipes: timm models (pretrained, local weights, or trained here)."""
+"""Base models for recipes: created by timm or transformers, loaded from local weights, and/or
+trained here (cached under the run folder's root)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from torch import nn
 
 from compressor.data import DataBundle
 from compressor.distributed import all_true, is_main
+from compressor.errors import InputError, WeightsError
+from compressor.families import family_of
 from compressor.training import TrainConfig, train
 from compressor.weights import load_weights, save_weights
 
@@ -22,11 +25,26 @@ def create_timm(name: str, kwargs: dict, num_classes: int, in_chans: int, pretra
 
     if not timm.is_model(name):
         close = timm.list_models(f"*{name.split('_')[0]}*")[:8]
-        raise ValueError(
+        raise InputError(
             f"model.name: unknown timm model '{name}'" + (f"; similar: {', '.join(close)}" if close else "")
         )
     args = {"num_classes": num_classes, "in_chans": in_chans, **kwargs}
-    return timm.create_model(name, pretrained=pretrained, **args)
+    try:
+        return timm.create_model(name, pretrained=pretrained, **args)
+    except (TypeError, ValueError, AssertionError) as e:
+        raise InputError(f"model.kwargs: timm.create_model('{name}', ...) refused them: {e}") from e
+
+
+def create_model(model_cfg: dict, data: DataBundle) -> nn.Module:
+    """The recipe's model architecture (with pretrained weights where asked), not trained here."""
+    if model_cfg["source"] == "hf":
+        from compressor.families.classifiers import load_text_classifier
+        from compressor.text import resolve_model_path
+
+        return load_text_classifier(resolve_model_path(model_cfg["name"]), data.num_classes)
+    return create_timm(
+        model_cfg["name"], model_cfg["kwargs"], data.num_classes, data.in_chans, pretrained=model_cfg["pretrained"]
+    )
 
 
 def _cache_key(model_cfg: dict, data_cfg: dict, seed: int) -> str:
@@ -42,27 +60,20 @@ def build_base(
     cache_dir: Path | None,
     preflight: Callable[[nn.Module], None] | None = None,
 ) -> nn.Module:
-    """The recipe's base model: created by timm/transformers, loaded from a checkpoint and/or trained here.
+    """The recipe's base model: created, loaded from a checkpoint and/or trained here.
 
     `preflight(model)` runs on the created model before any weights are loaded or trained, so that
-    checks that need the architecture (head counts against keep ratios) fail before long work.
+    checks that need the architecture fail before long work.
     """
     torch.manual_seed(seed)
-    if model_cfg["source"] == "hf":
-        from compressor.text import load_hf_classifier
-
-        model = load_hf_classifier(model_cfg["name"], data.num_classes)
-    else:
-        model = create_timm(
-            model_cfg["name"], model_cfg["kwargs"], data.num_classes, data.in_chans, pretrained=model_cfg["pretrained"]
-        )
+    model = create_model(model_cfg, data)
     if preflight is not None:
         preflight(model)
     if model_cfg["checkpoint"]:
         try:
             model.load_state_dict(load_weights(model_cfg["checkpoint"]))
         except RuntimeError as e:
-            raise ValueError(
+            raise WeightsError(
                 f"model.checkpoint: {model_cfg['checkpoint']}: weights do not fit '{model_cfg['name']}' "
                 f"({str(e).splitlines()[0]})"
             ) from e
@@ -74,9 +85,8 @@ def build_base(
             model.load_state_dict(load_weights(cached))
         else:
             cfg = TrainConfig(**{k: v for k, v in tb.items() if k not in ("cache", "trainable")}, seed=seed)
-            frozen = [
-                p for n, p in model.named_parameters() if tb.get("trainable") == "head" and not n.startswith("head.")
-            ]
+            head = {id(p) for p in family_of(model).classifier().parameters()}
+            frozen = [p for p in model.parameters() if tb.get("trainable") == "head" and id(p) not in head]
             for p in frozen:
                 p.requires_grad_(False)
             train(model, data.train, data.val, cfg, desc=f"train base (seed {seed})")

@@ -24,7 +24,8 @@ from tqdm.auto import tqdm
 
 from compressor.data import sharded_batches
 from compressor.distributed import all_reduce_sum, is_distributed, is_main, world_size
-from compressor.predict import member_logits, predict
+from compressor.outputs import logits_reader
+from compressor.predict import predict
 
 
 @dataclass
@@ -40,9 +41,11 @@ class TrainConfig:
     seed: int = 0
 
 
-def ensemble_loss(output, y: torch.Tensor, label_smoothing: float = 0.0, reduction: str = "mean") -> torch.Tensor:
-    """Mean over members of each member's cross-entropy (per sample, [B], with reduction='none')."""
-    logits = member_logits(output)
+def ensemble_loss(
+    logits: torch.Tensor, y: torch.Tensor, label_smoothing: float = 0.0, reduction: str = "mean"
+) -> torch.Tensor:
+    """Mean over members of each member's cross-entropy, from member logits [M, B, C] (per sample,
+    [B], with reduction='none')."""
     m, b, c = logits.shape
     per = F.cross_entropy(logits.reshape(m * b, c), y.repeat(m), label_smoothing=label_smoothing, reduction="none")
     per = per.view(m, b).mean(0)
@@ -72,6 +75,7 @@ def train(model: nn.Module, train_ds: Dataset, val_ds: Dataset | None, cfg: Trai
         return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    read = logits_reader(model)
     history: dict = {"loss": [], "val_nll": [], "best_step": 0, "stopped_early": False}
     best_nll, best_state, bad_evals = math.inf, None, 0
     model.train()
@@ -80,7 +84,7 @@ def train(model: nn.Module, train_ds: Dataset, val_ds: Dataset | None, cfg: Trai
     while step < cfg.steps:
         for batch, real in sharded_batches(train_ds, cfg.batch_size, shuffle=True, seed=cfg.seed, epoch=epoch):
             x, y = batch
-            per_sample = ensemble_loss(net(x), y, cfg.label_smoothing, reduction="none")
+            per_sample = ensemble_loss(read(net(x)), y, cfg.label_smoothing, reduction="none")
             local_sum = (per_sample * (torch.arange(len(y)) < real).to(per_sample.dtype)).sum()
             # [loss sum, real samples] of the whole global batch, so every rank divides by the same count
             totals = all_reduce_sum(torch.stack([local_sum.detach().double(), torch.tensor(real, dtype=torch.float64)]))

@@ -8,11 +8,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from compressor.errors import WeightsError
 from compressor.io import atomic_path
 
-
-class WeightsError(ValueError):
-    """A weights file that is missing, corrupt or does not fit the model."""
+__all__ = ["WeightsError", "load_weights", "save_weights"]
 
 
 def save_weights(state: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None) -> None:

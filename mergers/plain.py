@@ -4,33 +4,35 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from torch import nn
 
-from compressor.adapters import get_adapter
-from compressor.masks import HeadMask, MaskError
-from compressor.registry import register_merger
-from mergers.base import Merger
+from compressor.errors import ExportError, MaskError, OptionError
+from compressor.families import family_class, family_of
+from compressor.masks import HeadMask
+from compressor.plugins import Merger
 
 
 def prune_physically(model: nn.Module, mask: HeadMask) -> nn.Module:
     """A copy of `model` with the heads `mask` drops removed from its weights (no gates left)."""
     pruned = copy.deepcopy(model)
-    adapter = get_adapter(pruned)
-    adapter.remove_gates()
-    mask.validate(adapter.heads_per_block(), allow_empty_blocks=False, where="plain merger")
-    for b in range(adapter.num_blocks):
-        if mask.num_kept()[b] < adapter.num_heads(b):
-            adapter.prune_heads_(b, mask.kept_indices(b))
+    family = family_of(pruned)
+    family.remove_gates()
+    mask.validate(family.heads_per_block(), allow_empty_blocks=False, where="plain merger")
+    for b in range(family.num_blocks):
+        if mask.num_kept()[b] < family.num_heads(b):
+            family.prune_heads_(b, mask.kept_indices(b))
     return pruned
 
 
-@register_merger("plain")
 class PlainMerger(Merger):
     """Physically remove pruned heads: a smaller model of the same family, no gates, no hooks."""
 
     def __init__(self, member: int = 0) -> None:
+        if isinstance(member, bool) or not isinstance(member, int) or member < 0:
+            raise OptionError(f"member: expected an integer >= 0, got {member!r}")
         self.member = member
 
     def merge(
@@ -44,3 +46,42 @@ class PlainMerger(Merger):
             raise MaskError(f"plain merger: member {self.member} requested, {len(masks)} masks given")
         source = members[self.member] if members is not None else base
         return prune_physically(source, masks[self.member])
+
+    @classmethod
+    def owns(cls, model: nn.Module) -> bool:
+        try:
+            family_of(model)
+        except NotImplementedError:
+            return False
+        return True
+
+    @classmethod
+    def describe(cls, model: nn.Module) -> dict:
+        family = family_of(model)
+        return {
+            "members": 1,
+            "family": family.name,
+            "arch": family.describe(),
+            "heads": family.heads_per_block(),
+            "mlp_hidden": family.mlp_widths(),
+        }
+
+    @classmethod
+    def rebuild(cls, config: dict) -> nn.Module:
+        fam_cls = family_class(config["family"])
+        model = fam_cls.empty(config["arch"])
+        family = fam_cls(model)
+        heads, widths = config["heads"], config["mlp_hidden"]
+        if len(heads) != family.num_blocks or len(widths) != family.num_blocks:
+            raise ExportError(f"heads/mlp_hidden: expected {family.num_blocks} blocks, got {len(heads)}/{len(widths)}")
+        for b, (h, w) in enumerate(zip(heads, widths)):
+            if h < family.num_heads(b):
+                family.prune_heads_(b, list(range(h)))
+            if w < family.mlp_widths()[b]:
+                family.prune_mlp_units_(b, list(range(w)))
+        return model
+
+    @classmethod
+    def write_extras(cls, model: nn.Module, folder: Path, masks: Sequence[HeadMask]) -> None:
+        if masks:
+            family_of(model).save_pretrained(folder, masks[0])

@@ -1,22 +1,27 @@
-"""In-tree Pruner plugins: magnitude, taylor, gradient_free (circuit), random, disjoint."""
+"""In-tree Pruner plugins and head importances.
 
-from pruners.base import Pruner, make_distinct
+Pruners (selection): magnitude, taylor, gradient_free (circuit), topk (any importance), random,
+disjoint, file. Importances (scores): magnitude, taylor, gradient_free. All are registered by
+entry point (groups `compressor.pruners` and `compressor.importances`, see setup.cfg).
+"""
+
 from pruners.disjoint import DisjointPruner
 from pruners.from_file import MaskFilePruner
-from pruners.gradient_free import GradientFreePruner
-from pruners.magnitude import MagnitudePruner
+from pruners.gradient_free import CircuitImportance, GradientFreePruner
+from pruners.magnitude import MagnitudeImportance, MagnitudePruner
 from pruners.random import RandomPruner
-from pruners.scored import ScoredPruner
-from pruners.taylor import TaylorPruner
+from pruners.taylor import TaylorImportance, TaylorPruner
+from pruners.topk import TopKPruner
 
 __all__ = [
+    "CircuitImportance",
     "DisjointPruner",
-    "MaskFilePruner",
     "GradientFreePruner",
+    "MagnitudeImportance",
     "MagnitudePruner",
-    "Pruner",
+    "MaskFilePruner",
     "RandomPruner",
-    "ScoredPruner",
+    "TaylorImportance",
     "TaylorPruner",
-    "make_distinct",
+    "TopKPruner",
 ]

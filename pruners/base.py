@@ -1,97 +1,15 @@
-"""The Pruner interface and the helpers every head-selection method shares.
-
-A Pruner takes a model (through its adapter) and calibration data and returns M head masks, one
-per ensemble member. Importance-based pruners compute one score per head and block and keep the
-top heads; members are made to differ by the `diversity` option and, as a last resort, by
-swapping the closest-scored kept/dropped pair until no two members coincide.
-"""
+"""Helpers the in-tree pruners share; the Pruner interface itself is `compressor.plugins.Pruner`
+(importable from here too, for plugin authors)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
-from compressor.adapters import ModelAdapter
-from compressor.masks import HeadMask, MaskError
+from compressor.errors import MaskError
+from compressor.masks import HeadMask
+from compressor.plugins import Batch, Importance, Pruner
 
-Batch = tuple[torch.Tensor, ...]
-
-
-class Pruner:
-    """Base class: subclasses implement `prune` (or `scores` for the importance-based ones)."""
-
-    plugin_name = "base"
-    diversity_choices: tuple[str, ...] = ("none",)
-
-    def __init__(
-        self,
-        members: int = 3,
-        keep_ratio: float | list[float] = 0.5,
-        keep_heads: int | None = None,
-        seed: int = 0,
-        diversity: str | None = None,
-        distinct: bool = True,
-        allow_empty_blocks: bool = False,
-    ) -> None:
-        if isinstance(members, bool) or not isinstance(members, int) or members < 1:
-            raise ValueError(f"members: expected an integer >= 1, got {members!r}")
-        if keep_heads is not None and (isinstance(keep_heads, bool) or not isinstance(keep_heads, int)):
-            raise ValueError(f"keep_heads: expected an integer or null, got {keep_heads!r}")
-        ratios = keep_ratio if isinstance(keep_ratio, list) else [keep_ratio] * members
-        if len(ratios) != members:
-            raise ValueError(f"keep_ratio: expected one ratio or a list of {members} (one per member)")
-        for r in ratios:
-            if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 <= r <= 1.0:
-                raise ValueError(f"keep_ratio: expected a number in [0, 1], got {r!r}")
-        self.members = members
-        self.keep_ratios = [float(r) for r in ratios]
-        self.keep_heads = keep_heads
-        self.seed = seed
-        self.diversity = diversity or self.diversity_choices[0]
-        if self.diversity not in self.diversity_choices:
-            raise ValueError(f"diversity: expected one of {', '.join(self.diversity_choices)}, got '{self.diversity}'")
-        self.distinct = distinct
-        self.allow_empty_blocks = allow_empty_blocks
-        self.last_scores: list[list[torch.Tensor]] | None = None
-
-    # --- what a subclass provides ---------------------------------------------------------
-    def prune(
-        self, adapter: ModelAdapter, calibration: Sequence[Batch], heldout: Sequence[Batch] | None = None
-    ) -> list[HeadMask]:
-        """Return `members` head masks for the model behind `adapter`."""
-        raise NotImplementedError
-
-    # --- shared helpers -------------------------------------------------------------------
-    def num_keep(self, heads: int, member: int) -> int:
-        """How many heads member `member` keeps in a block of `heads` heads."""
-        if self.keep_heads is not None:
-            k = int(self.keep_heads)
-        else:
-            k = int(round(self.keep_ratios[member] * heads))
-        if k <= 0 and not self.allow_empty_blocks:
-            raise MaskError(
-                f"keep_ratio {self.keep_ratios[member]} keeps no head of {heads} in a block; "
-                "raise keep_ratio/keep_heads or set allow_empty_blocks: true"
-            )
-        if k > heads:
-            raise MaskError(f"keep_heads {k} is more than the {heads} heads of a block")
-        return max(k, 0)
-
-    def select(self, scores: Sequence[torch.Tensor], member: int) -> HeadMask:
-        """Keep the highest-scored heads of every block (ties broken by head index)."""
-        blocks = []
-        for s in scores:
-            k = self.num_keep(s.numel(), member)
-            keep = torch.zeros(s.numel(), dtype=torch.bool)
-            keep[torch.argsort(-s.double(), stable=True)[:k]] = True
-            blocks.append(keep)
-        return HeadMask(tuple(blocks))
-
-    def check(self, masks: list[HeadMask], adapter: ModelAdapter) -> list[HeadMask]:
-        for i, m in enumerate(masks):
-            m.validate(adapter.heads_per_block(), self.allow_empty_blocks, where=f"{self.plugin_name} member {i}")
-        return masks
+__all__ = ["Batch", "Importance", "Pruner", "jitter", "make_distinct"]
 
 
 def make_distinct(masks: list[HeadMask], scores: list[list[torch.Tensor]]) -> list[HeadMask]:
@@ -109,10 +27,8 @@ def make_distinct(masks: list[HeadMask], scores: list[list[torch.Tensor]]) -> li
             for bi, (keep, s) in enumerate(zip(blocks, scores[m])):
                 if keep.all() or not keep.any():
                     continue
-                kept = torch.nonzero(keep).flatten()
-                dropped = torch.nonzero(~keep).flatten()
-                for i in kept.tolist():
-                    for j in dropped.tolist():
+                for i in torch.nonzero(keep).flatten().tolist():
+                    for j in torch.nonzero(~keep).flatten().tolist():
                         if (bi, i, j) in tried:
                             continue
                         cost = float(s[i] - s[j])

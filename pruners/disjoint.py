@@ -6,44 +6,40 @@ from collections.abc import Sequence
 
 import torch
 
-from compressor.adapters import ModelAdapter
+from compressor.families import Family
 from compressor.masks import HeadMask
-from compressor.registry import register_pruner, resolve
-from pruners.base import Batch, Pruner
+from compressor.plugins import Batch, Pruner
+from pruners.topk import make_importance
 
 
-@register_pruner("disjoint")
 class DisjointPruner(Pruner):
-    """Partition each block's heads across members, round-robin by rank (random or scored)."""
+    """Partition each block's heads across members, round-robin by rank (random, or any importance)."""
 
     def __init__(self, rank_by: str | None = None, rank_options: dict | None = None, **kwargs) -> None:
         kwargs.setdefault("keep_ratio", 1.0)
         super().__init__(**kwargs)
-        self.rank_by = rank_by
-        self.rank_options = dict(rank_options or {})
+        self.rank_by = None if rank_by is None else make_importance(rank_by, rank_options)
 
     def block_ranks(
-        self, adapter: ModelAdapter, calibration: Sequence[Batch], heldout: Sequence[Batch] | None
+        self, family: Family, calibration: Sequence[Batch], heldout: Sequence[Batch] | None
     ) -> list[torch.Tensor]:
         """Head order per block, most important first (a seeded permutation without rank_by)."""
         if self.rank_by is None:
             g = torch.Generator().manual_seed(self.seed)
-            return [torch.randperm(h, generator=g) for h in adapter.heads_per_block()]
-        opts = {"seed": self.seed, **self.rank_options, "members": 1, "diversity": "none", "keep_ratio": 1.0}
-        ranker = resolve("pruner", self.rank_by)(**opts)
-        was_training = adapter.model.training
-        adapter.model.eval()
+            return [torch.randperm(h, generator=g) for h in family.heads_per_block()]
+        was_training = family.model.training
+        family.model.eval()
         try:
-            scores = ranker.head_scores(adapter, calibration, heldout)
+            scores = self.rank_by(family, calibration, heldout)
         finally:
-            adapter.model.train(was_training)
+            family.model.train(was_training)
         self.last_scores = [scores] * self.members
         return [torch.argsort(-s.double(), stable=True) for s in scores]
 
     def prune(
-        self, adapter: ModelAdapter, calibration: Sequence[Batch] = (), heldout: Sequence[Batch] | None = None
+        self, family: Family, calibration: Sequence[Batch] = (), heldout: Sequence[Batch] | None = None
     ) -> list[HeadMask]:
-        ranks = self.block_ranks(adapter, calibration, heldout)
+        ranks = self.block_ranks(family, calibration, heldout)
         masks = []
         for m in range(self.members):
             blocks = []
@@ -54,4 +50,4 @@ class DisjointPruner(Pruner):
                 keep[share[:k]] = True
                 blocks.append(keep)
             masks.append(HeadMask(tuple(blocks)))
-        return self.check(masks, adapter)
+        return self.check(masks, family)

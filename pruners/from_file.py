@@ -5,13 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from compressor.adapters import ModelAdapter
-from compressor.masks import HeadMask, MaskError, load_masks
-from compressor.registry import register_pruner
-from pruners.base import Batch, Pruner
+from compressor.errors import MaskError, OptionError
+from compressor.families import Family
+from compressor.masks import HeadMask, load_masks
+from compressor.plugins import Batch, Pruner
 
 
-@register_pruner("file")
 class MaskFilePruner(Pruner):
     """Load the members' head masks from a masks.json file (checked against the model)."""
 
@@ -19,14 +18,17 @@ class MaskFilePruner(Pruner):
         super().__init__(**kwargs)
         self.path = path
         if not Path(path).is_file():
-            raise ValueError(f"path: no such mask file '{path}'")
+            raise OptionError(f"path: no such mask file '{path}'")
+
+    def preflight(self, family: Family) -> None:
+        self.prune(family)
 
     def prune(
-        self, adapter: ModelAdapter, calibration: Sequence[Batch] = (), heldout: Sequence[Batch] | None = None
+        self, family: Family, calibration: Sequence[Batch] = (), heldout: Sequence[Batch] | None = None
     ) -> list[HeadMask]:
         masks = load_masks(self.path)
         if len(masks) < self.members:
             raise MaskError(f"{self.path}: holds {len(masks)} members, the recipe asks for {self.members}")
         for i, m in enumerate(masks[: self.members]):
-            m.validate(adapter.heads_per_block(), self.allow_empty_blocks, where=f"{self.path}: members[{i}]")
+            m.validate(family.heads_per_block(), self.allow_empty_blocks, where=f"{self.path}: members[{i}]")
         return masks[: self.members]

@@ -6,23 +6,22 @@ from collections.abc import Sequence
 
 import torch
 
-from compressor.adapters import ModelAdapter
+from compressor.families import Family
 from compressor.masks import HeadMask
-from compressor.registry import register_pruner
-from pruners.base import Batch, Pruner, make_distinct
+from compressor.plugins import Batch, Pruner
+from pruners.base import make_distinct
 
 
-@register_pruner("random")
 class RandomPruner(Pruner):
     """Seeded random heads per block and member (reproducible; members differ)."""
 
     def prune(
-        self, adapter: ModelAdapter, calibration: Sequence[Batch] = (), heldout: Sequence[Batch] | None = None
+        self, family: Family, calibration: Sequence[Batch] = (), heldout: Sequence[Batch] | None = None
     ) -> list[HeadMask]:
         g = torch.Generator().manual_seed(self.seed)
-        scores = [[torch.rand(h, generator=g) for h in adapter.heads_per_block()] for _ in range(self.members)]
+        scores = [[torch.rand(h, generator=g) for h in family.heads_per_block()] for _ in range(self.members)]
         self.last_scores = scores
         masks = [self.select(s, m) for m, s in enumerate(scores)]
         if self.distinct and self.members > 1:
             masks = make_distinct(masks, scores)
-        return self.check(masks, adapter)
+        return self.check(masks, family)

@@ -3,19 +3,19 @@ than One?"): |sum over calibration batches of dL/d gate_h|, with a gate of 1 on 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from compressor.adapters import ModelAdapter
 from compressor.distributed import all_reduce_sum
-from compressor.registry import register_pruner
-from pruners.base import Batch
-from pruners.scored import ScoredPruner
+from compressor.errors import InputError
+from compressor.families import Family
+from compressor.plugins import Batch, Importance
+from pruners.topk import TopKPruner
 
 
-def taylor_scores(adapter: ModelAdapter, calibration: Sequence[Batch]) -> list[torch.Tensor]:
+def taylor_scores(family: Family, calibration: Sequence[Batch]) -> list[torch.Tensor]:
     """Per block, |sum_batches dL/dg| for gates g at their current values (1 for kept heads).
 
     L is each batch's mean cross-entropy. Under torch.distributed each rank holds its shard of
@@ -23,30 +23,39 @@ def taylor_scores(adapter: ModelAdapter, calibration: Sequence[Batch]) -> list[t
     are all-reduced, which is the number one process computes on the whole batches.
     """
     if not calibration:
-        raise ValueError("taylor: needs calibration batches (labelled data)")
+        raise InputError("taylor: needs calibration batches (labelled data)")
     global_sizes = all_reduce_sum(torch.tensor([float(len(b[1])) for b in calibration], dtype=torch.float64))
-    previous = [g.detach().clone() for g in adapter.install_gates()]
+    previous = [g.detach().clone() for g in family.install_gates()]
     gates = [g.clone().requires_grad_(True) for g in previous]
-    adapter.set_gates(gates)
+    family.set_gates(gates)
     total = [torch.zeros_like(g, dtype=torch.float64) for g in gates]
     try:
         for (x, y, *_), size in zip(calibration, global_sizes):
             if len(y) == 0:  # this rank's shard of the last batch can be empty
                 continue
-            loss = F.cross_entropy(adapter.logits(x), y, reduction="sum") / float(size)
-            grads = torch.autograd.grad(loss, gates)
-            for t, g in zip(total, grads):
+            loss = F.cross_entropy(family.logits(x), y, reduction="sum") / float(size)
+            for t, g in zip(total, torch.autograd.grad(loss, gates)):
                 t += g.double()
     finally:
-        adapter.set_gates(previous)
+        family.set_gates(previous)
     return [all_reduce_sum(t).abs().float() for t in total]
 
 
-@register_pruner("taylor")
-class TaylorPruner(ScoredPruner):
+class TaylorImportance(Importance):
+    """|sum dL/d gate_h| over labelled calibration batches (Michel et al. 2019)."""
+
+    def __call__(
+        self,
+        family: Family,
+        calibration: Sequence[Batch],
+        heldout: Sequence[Batch] | None = None,
+        keep: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> list[torch.Tensor]:
+        return taylor_scores(family, calibration)
+
+
+class TaylorPruner(TopKPruner):
     """Keep heads with the largest first-order Taylor importance |sum dL/d gate| (needs labels)."""
 
-    def head_scores(
-        self, adapter: ModelAdapter, calibration: Sequence[Batch], heldout: Sequence[Batch] | None
-    ) -> list[torch.Tensor]:
-        return taylor_scores(adapter, calibration)
+    def __init__(self, **kwargs) -> None:
+        super().__init__(importance=TaylorImportance(), **kwargs)

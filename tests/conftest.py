@@ -27,17 +27,36 @@ VIT_SHAPES = {
         init_values=0.5,
         qkv_bias=False,
     ),
+    # the hydra merger's newer cases: qk-norm (a LayerNorm over each head's q and k) and register
+    # tokens (with an attention-pooling head, no class token, position embeddings without prefix)
+    "qk_norm": dict(
+        img_size=16, patch_size=4, embed_dim=48, depth=2, num_heads=4, in_chans=1, num_classes=8, qk_norm=True
+    ),
+    "registers": dict(
+        img_size=16,
+        patch_size=4,
+        embed_dim=48,
+        depth=2,
+        num_heads=4,
+        in_chans=1,
+        num_classes=8,
+        reg_tokens=4,
+        class_token=False,
+        no_embed_class=True,
+        global_pool="map",
+    ),
 }
 
 
 def make_vit(shape: str = "tiny_cls", seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     model = timm.create_model("vit_tiny_patch16_224", pretrained=False, **VIT_SHAPES[shape])
-    # random (not zero) biases and norms, so that every parameter matters in equivalence tests
+    # random (not zero) biases, norms and class/register tokens, so that every parameter matters in
+    # equivalence tests
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("bias") or "norm" in name or "gamma" in name:
-                p.add_(0.1 * torch.randn_like(p))
+            if name.endswith("bias") or "norm" in name or "gamma" in name or name.endswith("_token"):
+                p.add_((1.0 if name.endswith("_token") else 0.1) * torch.randn_like(p))
     return model.eval()
 
 
@@ -69,7 +88,7 @@ def perturbed_members(model: torch.nn.Module, masks, scale: float, seed: int = 0
     noise (so members differ everywhere) and member i's head mask applied."""
     import copy
 
-    from compressor.adapters import get_adapter
+    from compressor.families import family_of
 
     out = []
     for i, mask in enumerate(masks):
@@ -78,6 +97,6 @@ def perturbed_members(model: torch.nn.Module, masks, scale: float, seed: int = 0
         with torch.no_grad():
             for p in member.parameters():
                 p.add_(scale * torch.randn_like(p))
-        get_adapter(member).apply_mask(mask)
+        family_of(member).apply_mask(mask)
         out.append(member)
     return out

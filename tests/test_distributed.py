@@ -10,9 +10,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.data import Subset, TensorDataset
 
-from compressor.adapters import get_adapter
 from compressor.data import batches, digits_bundle
 from compressor.evaluate import evaluate_model
+from compressor.families import family_of
 from compressor.predict import predict
 from compressor.training import TrainConfig, train
 from mergers.hydra import HydraMerger
@@ -36,7 +36,7 @@ def compute_everything() -> dict:
     """
     torch.manual_seed(0)
     vit = make_vit("tiny_cls")
-    adapter = get_adapter(vit)
+    adapter = family_of(vit)
     x, y = (torch.cat(t) for t in zip(*labelled_batches(3, batch=15)))
     calib = batches(TensorDataset(x, y), 16)  # this rank's shards (local batch 8 on 2 ranks)
     gf = GradientFreePruner(members=1, keep_heads=2, diversity="none")

@@ -14,12 +14,11 @@ import compressor
 from compressor.export import ExportError, export_model
 from compressor.masks import HeadMask
 from compressor.weights import WeightsError
-from mergers.hydra import build_hydra_vit
+from mergers.hydra import build_hydra
 from mergers.plain import prune_physically
 
-from .conftest import VIT_SHAPES, make_vit
+from .conftest import make_vit
 
-BASE_INFO = {"source": "timm", "name": "vit_tiny_patch16_224", "kwargs": VIT_SHAPES["tiny_cls"]}
 MASKS = [HeadMask.from_kept([[0, 1], [2]], [4, 4]), HeadMask.from_kept([[3], [0, 1, 3]], [4, 4])]
 
 
@@ -29,8 +28,8 @@ def _x():
 
 @pytest.mark.parametrize("mode", ["average", "grouped", "pruned"])
 def test_hydra_round_trip(tmp_path, mode):
-    fused = build_hydra_vit(make_vit(), MASKS, mlp_mode=mode).eval()
-    export_model(fused, tmp_path / "exp", BASE_INFO, MASKS, class_names=list("abcdefgh"))
+    fused = build_hydra(make_vit(), MASKS, mlp_mode=mode).eval()
+    export_model(fused, tmp_path / "exp", MASKS, class_names=list("abcdefgh"))
     loaded = compressor.load(tmp_path / "exp")
     assert torch.equal(loaded(_x()).member_logits, fused(_x()).member_logits)
     cfg = json.loads((tmp_path / "exp" / "config.json").read_text())
@@ -42,7 +41,7 @@ def test_hydra_round_trip(tmp_path, mode):
 
 def test_plain_round_trip(tmp_path):
     pruned = prune_physically(make_vit(), MASKS[0])
-    export_model(pruned, tmp_path / "exp", BASE_INFO, MASKS[:1])
+    export_model(pruned, tmp_path / "exp", MASKS[:1])
     loaded = compressor.load(tmp_path / "exp")
     assert torch.equal(loaded(_x()), pruned(_x()))
     assert [b.attn.num_heads for b in loaded.blocks] == [2, 1]
@@ -50,7 +49,7 @@ def test_plain_round_trip(tmp_path):
 
 def test_corrupt_or_mismatched_weights(tmp_path):
     pruned = prune_physically(make_vit(), MASKS[0])
-    export_model(pruned, tmp_path / "exp", BASE_INFO)
+    export_model(pruned, tmp_path / "exp")
     weights = tmp_path / "exp" / "model.safetensors"
     data = weights.read_bytes()
     weights.write_bytes(data[: len(data) // 2])
@@ -59,7 +58,7 @@ def test_corrupt_or_mismatched_weights(tmp_path):
     weights.write_bytes(b"\x80\x04\x95 pickled code is never unpickled")
     with pytest.raises(WeightsError, match="not a valid safetensors file"):
         compressor.load(tmp_path / "exp")
-    export_model(pruned, tmp_path / "exp", BASE_INFO)
+    export_model(pruned, tmp_path / "exp")
     cfg = json.loads((tmp_path / "exp" / "config.json").read_text())
     cfg["heads"] = [4, 4]
     (tmp_path / "exp" / "config.json").write_text(json.dumps(cfg))
@@ -71,16 +70,16 @@ def test_corrupt_or_mismatched_weights(tmp_path):
 
 def test_interrupted_export_leaves_the_previous_export_intact(tmp_path):
     """Kill a process in the middle of writing the export: the old folder must survive whole."""
-    fused = build_hydra_vit(make_vit(), MASKS, mlp_mode="grouped").eval()
-    export_model(fused, tmp_path / "exp", BASE_INFO, MASKS)
+    fused = build_hydra(make_vit(), MASKS, mlp_mode="grouped").eval()
+    export_model(fused, tmp_path / "exp", MASKS)
     before = (tmp_path / "exp" / "model.safetensors").read_bytes()
     script = textwrap.dedent(f"""
         import os, signal, sys, time
         sys.path.insert(0, {str(tmp_path)!r})
         import compressor.weights as w
         from tests.conftest import make_vit
-        from tests.test_export import BASE_INFO, MASKS
-        from mergers.hydra import build_hydra_vit
+        from tests.test_export import MASKS
+        from mergers.hydra import build_hydra
         from compressor.export import export_model
         real = w.save_file
         def slow_save(tensors, path, metadata=None):
@@ -88,7 +87,7 @@ def test_interrupted_export_leaves_the_previous_export_intact(tmp_path):
             print("written", flush=True)
             time.sleep(60)
         w.save_file = slow_save
-        export_model(build_hydra_vit(make_vit(seed=1), MASKS), {str(tmp_path / "exp")!r}, BASE_INFO, MASKS)
+        export_model(build_hydra(make_vit(seed=1), MASKS), {str(tmp_path / "exp")!r}, MASKS)
     """)
     proc = subprocess.Popen(
         [sys.executable, "-c", script],

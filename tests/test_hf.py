@@ -6,10 +6,11 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from compressor.adapters import HFEncoderAdapter, get_adapter
+from compressor.families import Bert, family_of
+from compressor.families.classifiers import MeanPoolClassifier
 from compressor.masks import HeadMask
 from compressor.registry import resolve
-from compressor.text import MeanPoolClassifier, minilm_path
+from compressor.text import minilm_path
 from mergers.plain import prune_physically
 
 from .conftest import perturbed_members
@@ -38,8 +39,8 @@ def minilm():
 
 def test_adapter_sees_minilm_heads(minilm):
     model, _ = minilm
-    adapter = get_adapter(model)
-    assert isinstance(adapter, HFEncoderAdapter)
+    adapter = family_of(model)
+    assert isinstance(adapter, Bert)
     assert adapter.heads_per_block() == [12] * 6 and adapter.head_dim(0) == 32
 
 
@@ -48,7 +49,7 @@ def test_gates_change_the_output_and_zero_gates_equal_removed_heads(minilm):
     ref = model(ids)
     mask = HeadMask.from_kept([list(range(0, 12, 2))] * 3 + [[1, 5, 7]] * 3, [12] * 6)
     masked = copy.deepcopy(model)
-    get_adapter(masked).apply_mask(mask)
+    family_of(masked).apply_mask(mask)
     out_masked = masked(ids)
     assert (out_masked - ref).abs().max() > 1e-3, "gating must have an effect (head_mask alone does not)"
     pruned = prune_physically(model, mask)
@@ -72,7 +73,7 @@ def test_every_pruner_scores_minilm(minilm, name):
     opts = {"members": 3, "seed": 0} if name == "disjoint" else {"members": 3, "keep_ratio": 0.25, "seed": 0}
     if name == "gradient_free":
         opts["diversity"] = "none"
-    masks = resolve("pruner", name)(**opts).prune(get_adapter(model), data, data)
+    masks = resolve("pruner", name)(**opts).prune(family_of(model), data, data)
     assert len(set(masks)) == 3
     assert all(m.heads_per_block() == [12] * 6 for m in masks)
 
@@ -93,16 +94,16 @@ def _tiny_hf(kind: str):
 def test_vit_and_clip_towers(kind):
     model = _tiny_hf(kind)
     x = torch.randint(0, 50, (2, 7)) if kind == "clip_text" else torch.randn(2, 3, 16, 16)
-    adapter = get_adapter(model)
+    adapter = family_of(model)
     assert adapter.heads_per_block() == [4, 4]
     mask = HeadMask.from_kept([[0, 3], [2]], [4, 4])
     masked = copy.deepcopy(model)
-    get_adapter(masked).apply_mask(mask)
+    family_of(masked).apply_mask(mask)
     ref = adapter.logits(x)
-    out = get_adapter(masked).logits(x)
+    out = family_of(masked).logits(x)
     assert (out - ref).abs().max() > 1e-4
     pruned = prune_physically(model, mask)
-    torch.testing.assert_close(get_adapter(pruned).logits(x), out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(family_of(pruned).logits(x), out, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("mode", ["average", "grouped", "pruned"])
@@ -120,7 +121,7 @@ def test_hydra_minilm_equals_masked_members(minilm, mode):
     out = fused(ids).member_logits
     for i, mask in enumerate(masks):
         ref = copy.deepcopy(model)
-        get_adapter(ref).apply_mask(mask)
+        family_of(ref).apply_mask(mask)
         if mode == "pruned":
             for layer, kept in zip(ref.encoder.encoder.layer, fused.mlp_kept[i]):
                 drop = torch.ones(layer.output.dense.in_features, dtype=torch.bool)
@@ -137,14 +138,10 @@ def test_hydra_minilm_fine_tuned_members(minilm):
     masks = [HeadMask.from_kept([[m, m + 3, 11 - m]] * 6, [12] * 6) for m in range(3)]
     members = perturbed_members(model, masks, scale=0.02, seed=10)
     fused = HydraMerger(mlp="grouped").merge(model, masks, members)
-    assert not fused.spec.shared["embeddings"]
+    assert not fused.spec.shared["stem"]
     out = fused(ids).member_logits
     for i, member in enumerate(members):
         torch.testing.assert_close(out[i], member(ids), rtol=1e-5, atol=1e-5)
-
-
-def _hf_base_info(model):
-    return {"source": "hf", "encoder_config": model.encoder.config.to_dict(), "num_classes": 2, "pad_token_id": 0}
 
 
 def test_export_round_trips_for_minilm(minilm, tmp_path):
@@ -155,12 +152,12 @@ def test_export_round_trips_for_minilm(minilm, tmp_path):
     model, ids = minilm
     masks = [HeadMask.from_kept([[m, m + 4, 11 - m]] * 6, [12] * 6) for m in range(3)]
     fused = HydraMerger(mlp="pruned").merge(model, masks)
-    export_model(fused, tmp_path / "hydra", _hf_base_info(model), masks, ["neg", "pos"])
+    export_model(fused, tmp_path / "hydra", masks, ["neg", "pos"])
     loaded = compressor.load(tmp_path / "hydra")
     assert torch.equal(loaded(ids).member_logits, fused(ids).member_logits)
 
     pruned = prune_physically(model, masks[0])
-    export_model(pruned, tmp_path / "plain", _hf_base_info(model), masks[:1])
+    export_model(pruned, tmp_path / "plain", masks[:1])
     again = compressor.load(tmp_path / "plain")
     assert torch.equal(again(ids), pruned(ids))
     # without this project: transformers alone loads the pruned encoder (removed heads are zeros)
@@ -177,11 +174,11 @@ def test_onnx_export_of_fused_model_matches_torch(tmp_path):
     import onnxruntime as ort
 
     from compressor.onnx_export import export_onnx
-    from mergers.hydra import build_hydra_vit
+    from mergers.hydra import build_hydra
     from tests.conftest import make_vit
 
     vit = make_vit()
-    fused = build_hydra_vit(
+    fused = build_hydra(
         vit, [HeadMask.from_kept([[0, 1], [2]], [4, 4]), HeadMask.from_kept([[3], [0, 1]], [4, 4])], mlp_mode="grouped"
     ).eval()
     x = torch.randn(3, 1, 16, 16)
@@ -216,7 +213,7 @@ def _hf_classifier(kind: str):
         ViTForImageClassification,
     )
 
-    from compressor.clip import ZeroShotCLIP
+    from compressor.families.classifiers import ZeroShotCLIP
 
     torch.manual_seed(0)
     common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
@@ -258,10 +255,8 @@ def test_hydra_hf_equals_masked_members(kind, mode, tmp_path):
     import compressor
     from compressor.export import export_model
     from mergers.hydra import HydraMerger
-    from mergers.hydra.hf import FAMILIES, _get
 
     model = _hf_classifier(kind)
-    fam = FAMILIES[kind]
     masks = [HeadMask.from_kept([[0, 1, 2], [3]], [4, 4]), HeadMask.from_kept([[3], [0, 2]], [4, 4])]
     members = perturbed_members(model, masks, scale=0.02, seed=10) if mode == "grouped" else None
     fused = HydraMerger(mlp=mode).merge(model, masks, members)
@@ -269,24 +264,25 @@ def test_hydra_hf_equals_masked_members(kind, mode, tmp_path):
     out = fused(x).member_logits
     for i, mask in enumerate(masks):
         ref = members[i] if members else copy.deepcopy(model)
-        get_adapter(ref).apply_mask(mask)
+        family_of(ref).apply_mask(mask)
         if mode == "pruned":
-            for layer, kept in zip(_get(ref, fam.layers), fused.mlp_kept[i]):
-                fc2 = _get(layer, fam.fc2)
+            ref_family = family_of(ref)
+            for b, kept in enumerate(fused.mlp_kept[i]):
+                fc2 = ref_family.mlp(b).fc2.get()
                 drop = torch.ones(fc2.in_features, dtype=torch.bool)
                 drop[kept] = False
                 with torch.no_grad():
                     fc2.weight[:, drop] = 0
-        expected = get_adapter(ref).logits(x)
-        assert (expected - get_adapter(model).logits(x)).abs().max() > 1e-4, "the member differs from the base"
+        expected = family_of(ref).logits(x)
+        assert (expected - family_of(model).logits(x)).abs().max() > 1e-4, "the member differs from the base"
         torch.testing.assert_close(out[i], expected, rtol=1e-5, atol=1e-5)
     fused.inference_chunk_bytes = 1  # CPU inference one sample at a time: exact too
     calls = []
-    fused.layers[0].register_forward_hook(lambda *_: calls.append(1))
+    fused.blocks[0].register_forward_hook(lambda *_: calls.append(1))
     with torch.no_grad():
         torch.testing.assert_close(fused(x).member_logits, out, rtol=1e-5, atol=1e-5)
     assert len(calls) == len(x)
-    export_model(fused, tmp_path / "e", {"source": "hf"}, masks)
+    export_model(fused, tmp_path / "e", masks)
     assert torch.equal(compressor.load(tmp_path / "e")(x).member_logits, out)
 
 
@@ -305,7 +301,7 @@ def test_every_pruner_on_clip_classifiers(kind, name):
     x = _hf_inputs(kind)
     data = [(x, torch.tensor([0, 3, 1]))]
     opts = {"members": 2, "seed": 0} if name == "disjoint" else {"members": 2, "keep_ratio": 0.5, "seed": 0}
-    masks = resolve("pruner", name)(**opts).prune(get_adapter(model), data, data)
+    masks = resolve("pruner", name)(**opts).prune(family_of(model), data, data)
     assert len(set(masks)) == 2 and all(m.heads_per_block() == [4, 4] for m in masks)
 
 
@@ -321,11 +317,11 @@ def test_plain_clip_export_loads_with_transformers_alone(tmp_path):
     pruned = prune_physically(model, mask)
     x = _hf_inputs("clip_vision")
     masked = copy.deepcopy(model)
-    get_adapter(masked).apply_mask(mask)
+    family_of(masked).apply_mask(mask)
     torch.testing.assert_close(pruned(x).logits, masked(x).logits, rtol=1e-5, atol=1e-5)
-    export_model(pruned, tmp_path / "plain", {"source": "hf"}, [mask])
+    export_model(pruned, tmp_path / "plain", [mask])
     loaded = compressor.load(tmp_path / "plain")
-    assert get_adapter(loaded).heads_per_block() == [2, 1]
+    assert family_of(loaded).heads_per_block() == [2, 1]
     assert torch.equal(loaded(x).logits, pruned(x).logits)
     alone = CLIPForImageClassification.from_pretrained(str(tmp_path / "plain" / "hf_model")).eval()
     with torch.no_grad():
@@ -334,7 +330,7 @@ def test_plain_clip_export_loads_with_transformers_alone(tmp_path):
 
 def test_zero_shot_clip_equals_clip_logits_per_image():
     """ZeroShotCLIP gives CLIPModel's own logits_per_image for the class prompts."""
-    from compressor.clip import ZeroShotCLIP
+    from compressor.families.classifiers import ZeroShotCLIP
 
     clip = _small_clip()
     x = _hf_inputs("clip_zero_shot")
@@ -354,9 +350,9 @@ def test_plain_zero_shot_clip_export_round_trip(tmp_path):
     pruned = prune_physically(model, mask)
     x = _hf_inputs("clip_zero_shot")
     masked = copy.deepcopy(model)
-    get_adapter(masked).apply_mask(mask)
+    family_of(masked).apply_mask(mask)
     torch.testing.assert_close(pruned(x), masked(x), rtol=1e-5, atol=1e-5)
-    export_model(pruned, tmp_path / "plain", {"source": "hf"}, [mask])
+    export_model(pruned, tmp_path / "plain", [mask])
     loaded = compressor.load(tmp_path / "plain")
     assert torch.equal(loaded(x), pruned(x))
     assert (tmp_path / "plain" / "hf_encoder" / "model.safetensors").is_file()

@@ -5,9 +5,9 @@ import copy
 import pytest
 import torch
 
-from compressor.adapters import get_adapter
+from compressor.families import family_of
 from compressor.masks import HeadMask
-from mergers.hydra import HydraMerger, build_hydra_vit
+from mergers.hydra import HydraMerger, build_hydra
 
 from .conftest import make_vit, perturbed_members
 
@@ -17,7 +17,7 @@ RTOL, ATOL = 1e-5, 1e-5
 def random_masks(vit, members=3, seed=0, allow_empty=False):
     """Masks with unequal head counts per member (and per block)."""
     g = torch.Generator().manual_seed(seed)
-    heads = get_adapter(vit).heads_per_block()
+    heads = family_of(vit).heads_per_block()
     masks = []
     for m in range(members):
         blocks = []
@@ -32,7 +32,7 @@ def random_masks(vit, members=3, seed=0, allow_empty=False):
 
 def masked(model, mask):
     ref = copy.deepcopy(model)
-    get_adapter(ref).apply_mask(mask)
+    family_of(ref).apply_mask(mask)
     return ref
 
 
@@ -72,7 +72,7 @@ def test_fused_equals_each_masked_member(vit_shape, mode, train_mode):
     vit = make_vit(vit_shape)
     masks = random_masks(vit, allow_empty=True)
     assert len({tuple(m.num_kept()) for m in masks}) == 3  # unequal head counts
-    fused = build_hydra_vit(vit, masks, mlp_mode=mode, calibration=[images(1)])
+    fused = build_hydra(vit, masks, mlp_mode=mode, calibration=[images(1)])
     refs = [masked(vit, m) for m in masks]
     if mode == "pruned":
         refs = [with_mlp_units(r, fused.mlp_kept[i]) for i, r in enumerate(refs)]
@@ -91,9 +91,8 @@ def test_fused_equals_fine_tuned_members(vit_shape, mode):
     vit = make_vit(vit_shape)
     masks = random_masks(vit, seed=3)
     members = perturbed_members(vit, masks, scale=0.05, seed=100)
-    fused = build_hydra_vit(vit, masks, members=members, mlp_mode=mode)
-    final = "norm" if fused.spec.final_norm else "fc_norm"
-    per_member = ("patch_embed", "pos_embed", final, "head", "blocks.0.norm1", "blocks.1.norm2")
+    fused = build_hydra(vit, masks, members=members, mlp_mode=mode)
+    per_member = ("stem", "head", "blocks.0.norm1", "blocks.1.norm2")
     assert not any(fused.spec.shared[k] for k in per_member), "fine-tuned members differ everywhere"
     if mode == "grouped":
         refs = members
@@ -111,7 +110,7 @@ def test_gradients_match_members(vit_shape):
     vit = make_vit(vit_shape)
     masks = random_masks(vit, seed=4)
     members = perturbed_members(vit, masks, scale=0.05, seed=100)
-    fused = build_hydra_vit(vit, masks, members=members, mlp_mode="grouped").train()
+    fused = build_hydra(vit, masks, members=members, mlp_mode="grouped").train()
     w = torch.randn(vit.num_classes)
     x = images(5).requires_grad_(True)
     (fused(x).member_logits * w).sum().backward()
@@ -122,7 +121,7 @@ def test_gradients_match_members(vit_shape):
         ref_grad += xr.grad
     assert_close(x.grad, ref_grad)
     for i, m in enumerate(members):
-        assert_close(fused.head.weight.grad[i].t(), m.head.weight.grad)
+        assert_close(fused.heads[i].head.weight.grad, m.head.weight.grad)
     # padded (non-existent) weights get no gradient
     qkv = fused.blocks[0].attn.qkv
     if qkv.padded:
@@ -131,8 +130,8 @@ def test_gradients_match_members(vit_shape):
 
 def test_full_mask_member_reproduces_base(vit_shape):
     vit = make_vit(vit_shape)
-    full = HeadMask.full(get_adapter(vit).heads_per_block())
-    fused = build_hydra_vit(vit, [full, random_masks(vit)[0]], mlp_mode="average")
+    full = HeadMask.full(family_of(vit).heads_per_block())
+    fused = build_hydra(vit, [full, random_masks(vit)[0]], mlp_mode="average")
     x = images(7)
     assert_close(fused(x).member_logits[0], vit(x))
 
@@ -153,7 +152,7 @@ def test_training_step_keeps_members_separate():
 
 def test_compile_export_and_no_grad():
     vit = make_vit("tiny_cls")
-    fused = build_hydra_vit(vit, random_masks(vit), mlp_mode="pruned").eval()
+    fused = build_hydra(vit, random_masks(vit), mlp_mode="pruned").eval()
     x = images(9)
     with torch.no_grad():
         ref = fused(x).member_logits
@@ -175,11 +174,11 @@ def test_chunked_cpu_inference_equals_members(mode):
     """Inference in batch chunks (the CPU fast path) gives every member's own logits."""
     vit = make_vit("small_avg")
     masks = random_masks(vit, seed=8)
-    fused = build_hydra_vit(vit, masks, mlp_mode=mode, calibration=[images(1)]).eval()
+    fused = build_hydra(vit, masks, mlp_mode=mode, calibration=[images(1)]).eval()
     refs = [masked(vit, m) for m in masks]
     if mode == "pruned":
         refs = [with_mlp_units(r, fused.mlp_kept[i]) for i, r in enumerate(refs)]
-    per_sample = fused.pos_embed.shape[2] * fused._widest * 4
+    per_sample = fused.stems[0].tokens_per_sample(images()) * fused._widest * 4
     fused.inference_chunk_bytes = 2 * per_sample  # two samples at a time
     calls = count_calls(fused.blocks[0])
     x = images(10, n=5)
@@ -210,3 +209,31 @@ def test_grouped_linear_inference_path_equals_batched_and_reference():
     for m, r in enumerate(refs):
         assert_close(batched[m, :, : r.out_features], r(x[m]))
         assert float(batched[m, :, r.out_features :].abs().sum()) == 0.0
+
+
+@pytest.mark.parametrize("shape", ["qk_norm", "registers"])
+@pytest.mark.parametrize("mode", ["average", "grouped", "pruned"])
+def test_qk_norm_and_register_tokens_fuse_exactly(shape, mode):
+    """timm ViTs with qk_norm=True, and with reg_tokens=4 (plus attention pooling): the fused
+    model equals each masked member, and the part under test really matters."""
+    vit = make_vit(shape)
+    with torch.no_grad():  # larger weights: attention far from uniform, so every part shows
+        for p in vit.parameters():
+            if p.dim() >= 2:
+                p.mul_(3)
+    masks = random_masks(vit, seed=11)
+    fused = build_hydra(vit, masks, mlp_mode=mode, calibration=[images(1)]).eval()
+    refs = [masked(vit, m) for m in masks]
+    if mode == "pruned":
+        refs = [with_mlp_units(r, fused.mlp_kept[i]) for i, r in enumerate(refs)]
+    x = images(12)
+    with torch.no_grad():
+        out = fused(x).member_logits
+        for i, r in enumerate(refs):
+            assert_close(out[i], r(x))
+        if shape == "qk_norm":
+            for blk in fused.blocks:
+                blk.attn.q_norm = torch.nn.Identity()
+        else:
+            fused.stems[0].reg_token.zero_()
+        assert float((fused(x).member_logits - out).abs().max()) > 1e-3, "the fused model must use it"

@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 
-from compressor.adapters import get_adapter
+from compressor.families import family_of
 from compressor.masks import HeadMask, MaskError
 from mergers.plain import PlainMerger, prune_physically
 
@@ -14,13 +14,13 @@ from .conftest import make_vit
 
 def test_physically_pruned_equals_masked(vit_shape):
     vit = make_vit(vit_shape)
-    adapter = get_adapter(vit)
+    adapter = family_of(vit)
     heads = adapter.heads_per_block()
     kept = [[0, h - 1] if b % 2 == 0 else [1] for b, h in enumerate(heads)]
     mask = HeadMask.from_kept(kept, heads)
     pruned = PlainMerger().merge(vit, [mask])
     masked = copy.deepcopy(vit)
-    get_adapter(masked).apply_mask(mask)
+    family_of(masked).apply_mask(mask)
     x = torch.randn(5, 1, 16, 16)
     torch.testing.assert_close(pruned(x), masked(x), rtol=1e-5, atol=1e-5)
     assert [b.attn.num_heads for b in pruned.blocks] == [len(k) for k in kept]
@@ -35,7 +35,7 @@ def test_pruning_a_gated_member_drops_its_gates():
     vit = make_vit()
     mask = HeadMask.from_kept([[0, 1], [2]], [4, 4])
     member = copy.deepcopy(vit)
-    get_adapter(member).apply_mask(mask)
+    family_of(member).apply_mask(mask)
     pruned = prune_physically(member, mask)
     x = torch.randn(3, 1, 16, 16)
     torch.testing.assert_close(pruned(x), member(x), rtol=1e-5, atol=1e-5)

@@ -4,10 +4,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from compressor.adapters import get_adapter
+from compressor.families import family_of
 from compressor.masks import MaskError
 from compressor.registry import resolve
-from pruners import DisjointPruner, GradientFreePruner, MagnitudePruner, RandomPruner, TaylorPruner
+from pruners import DisjointPruner, GradientFreePruner, MagnitudeImportance, MagnitudePruner, RandomPruner, TaylorPruner
 from pruners.taylor import taylor_scores
 
 from .conftest import labelled_batches, make_vit
@@ -17,7 +17,7 @@ ALL = ["magnitude", "taylor", "gradient_free", "random", "disjoint"]
 
 @pytest.mark.parametrize("name", ALL)
 def test_shapes_determinism_and_distinct_members(name, vit, batches):
-    adapter = get_adapter(vit)
+    adapter = family_of(vit)
     opts = {"members": 3, "seed": 1} if name == "disjoint" else {"members": 3, "keep_ratio": 0.5, "seed": 1}
     masks = resolve("pruner", name)(**opts).prune(adapter, batches, batches)
     again = resolve("pruner", name)(**opts).prune(adapter, batches, batches)
@@ -32,14 +32,14 @@ def test_shapes_determinism_and_distinct_members(name, vit, batches):
 
 
 def test_other_seed_changes_random_masks(vit):
-    a = RandomPruner(members=2, seed=0).prune(get_adapter(vit))
-    b = RandomPruner(members=2, seed=5).prune(get_adapter(vit))
+    a = RandomPruner(members=2, seed=0).prune(family_of(vit))
+    b = RandomPruner(members=2, seed=5).prune(family_of(vit))
     assert a != b
 
 
 def test_disjoint_partitions_every_head():
     vit = make_vit("small_avg")  # 8 heads per block, 3 members: 3/3/2
-    adapter = get_adapter(vit)
+    adapter = family_of(vit)
     for rank_by in (None, "magnitude"):
         masks = DisjointPruner(members=3, rank_by=rank_by).prune(adapter)
         for b in range(adapter.num_blocks):
@@ -49,8 +49,8 @@ def test_disjoint_partitions_every_head():
 
 
 def test_disjoint_round_robin_follows_ranking(vit):
-    adapter = get_adapter(vit)
-    scores = MagnitudePruner(members=1, keep_ratio=1.0).head_scores(adapter, [], None)
+    adapter = family_of(vit)
+    scores = MagnitudeImportance()(adapter, [], None)
     masks = DisjointPruner(members=2, rank_by="magnitude").prune(adapter)
     order = torch.argsort(-scores[0].double(), stable=True)
     assert masks[0].blocks[0][order[0]] and masks[1].blocks[0][order[1]] and masks[0].blocks[0][order[2]]
@@ -59,7 +59,7 @@ def test_disjoint_round_robin_follows_ranking(vit):
 def test_taylor_matches_finite_differences():
     vit = make_vit("tiny_cls").double()
     data = [(x.double(), y) for x, y in labelled_batches(2)]
-    adapter = get_adapter(vit)
+    adapter = family_of(vit)
     scores = taylor_scores(adapter, data)
     eps = 1e-5
 
@@ -80,7 +80,7 @@ def test_taylor_prunes_least_important():
     vit = make_vit("tiny_cls")
     data = labelled_batches(2)
     pruner = TaylorPruner(members=1, keep_heads=1, diversity="none")
-    mask = pruner.prune(get_adapter(vit), data)[0]
+    mask = pruner.prune(family_of(vit), data)[0]
     for b, s in enumerate(pruner.last_scores[0]):
         assert mask.kept_indices(b) == [int(torch.argmax(s))]
 
@@ -102,7 +102,7 @@ def test_gradient_free_scores_match_manual_masked_evaluation():
     vit = make_vit("tiny_cls")
     data = labelled_batches(2)
     pruner = GradientFreePruner(members=1, keep_heads=2, diversity="none", metric="nll")
-    mask = pruner.prune(get_adapter(vit), data, data)[0]
+    mask = pruner.prune(family_of(vit), data, data)[0]
     scores = pruner.last_scores[0]
     ref = _manual_nll(vit, {}, data)
     for h in range(4):
@@ -118,7 +118,7 @@ def test_gradient_free_scores_match_manual_masked_evaluation():
 
 def test_keep_ratio_that_removes_every_head_is_an_error(vit, batches):
     with pytest.raises(MaskError, match="keeps no head"):
-        MagnitudePruner(members=1, keep_ratio=0.05).prune(get_adapter(vit), batches)
+        MagnitudePruner(members=1, keep_ratio=0.05).prune(family_of(vit), batches)
 
 
 def test_bad_options_are_rejected_up_front():

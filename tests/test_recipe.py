@@ -53,6 +53,26 @@ def test_defaults_are_filled(tmp_path):
             lambda d: d["steps"].append({"finetune": {"steps": 10**6}}),
             r"finetune.steps: expected an integer in 1..2000",
         ),
+        # cross-step rules, checked before any work
+        (lambda d: d["steps"].append({"export": {}}), r"steps\[1\].export: 'export' needs a 'merge' step before it"),
+        (
+            lambda d: d["steps"].append({"finetune": {"target": "merged"}}),
+            r"steps\[1\].finetune: 'finetune' target 'merged' needs a 'merge' step before it",
+        ),
+        (
+            lambda d: d["steps"].extend([{"merge": {"merger": "hydra"}}, {"finetune": {"target": "members"}}]),
+            r"steps\[2\].finetune: 'finetune' target 'members' after the merge would be lost",
+        ),
+        (
+            lambda d: d["steps"].append({"evaluate": {"baselines": ["base", "ensemble"]}}),
+            r"steps\[1\].evaluate.baselines: expected a list of base, members, deep_ensemble, mc_dropout "
+            r"\(unknown: ensemble\)",
+        ),
+        (lambda d: d.update(steps=[]), r"r.yaml: steps: expected at least one step"),
+        (
+            lambda d: d["steps"][0]["prune"].update(pruner="builtins:object"),
+            r"steps\[0\].prune.pruner: pruner 'builtins:object': expected a subclass of Pruner, got class",
+        ),
     ],
 )
 def test_errors_name_file_key_and_expectation(tmp_path, change, message):

@@ -32,13 +32,13 @@ def test_corrupt_checkpoint_is_refused_without_unpickling(tmp_path):
         ],
         tmp_path,
     )
-    assert out.returncode == 1
+    assert out.returncode == 2  # bad input (recipe, file, mask), found before training
     assert f"{bad}: not a valid safetensors file" in out.stderr
 
 
 def test_keep_ratio_that_removes_every_head_fails_before_training(tmp_path):
     out = run_cli(["apply", PRUNE, "--set", "steps.0.prune.keep_ratio=0.01", "--out", str(tmp_path / "run")], tmp_path)
-    assert out.returncode == 1
+    assert out.returncode == 2  # bad input (recipe, file, mask), found before training
     assert "vit_prune.yaml: steps[0].prune: keep_ratio 0.01 keeps no head of 12 in a block" in out.stderr
     assert "train base" not in out.stderr, "must fail before the base model is trained"
 
@@ -58,8 +58,9 @@ def test_masks_of_the_wrong_shape(tmp_path):
         ],
         tmp_path,
     )
-    assert out.returncode == 1
+    assert out.returncode == 2  # bad input (recipe, file, mask), found before training
     assert f"{masks}: members[0]: has 3 blocks, the model has 2 attention blocks" in out.stderr
+    assert "train base" not in out.stderr, "masks are checked against the model before training"
     missing = run_cli(["validate", PRUNE, "--set", "steps.0.prune={pruner: file, path: nope.json}"], tmp_path)
     assert missing.returncode == 2 and "path: no such mask file 'nope.json'" in missing.stderr
 

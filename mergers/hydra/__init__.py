@@ -7,23 +7,36 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from compressor.errors import OptionError, UnsupportedModelError
+from compressor.families import Family
 from compressor.masks import HeadMask
-from compressor.registry import register_merger
-from mergers.base import Merger
-from mergers.hydra.build import MLP_MODES, build_hydra_vit, mlp_unit_scores
+from compressor.plugins import Merger
+from mergers.hydra.build import build_hydra, hydra_problems, mlp_unit_scores
 from mergers.hydra.layers import GroupedLinear, HydraAttention, HydraMLP, SharedMLP
-from mergers.hydra.model import HydraOutput, HydraSpec, HydraViT
+from mergers.hydra.model import MLP_MODES, HydraModel, HydraSpec
 
 
-@register_merger("hydra")
 class HydraMerger(Merger):
     """Fuse M head-pruned members into one module that runs them all in one forward pass."""
 
     def __init__(self, mlp: str = "average", mlp_keep_ratio: float | None = None) -> None:
         if mlp not in MLP_MODES:
-            raise ValueError(f"mlp: expected one of {', '.join(MLP_MODES)}, got '{mlp}'")
+            raise OptionError(f"mlp: expected one of {', '.join(MLP_MODES)}, got '{mlp}'")
+        if mlp_keep_ratio is not None and not (
+            isinstance(mlp_keep_ratio, (int, float))
+            and not isinstance(mlp_keep_ratio, bool)
+            and 0 < mlp_keep_ratio <= 1
+        ):
+            raise OptionError(f"mlp_keep_ratio: expected a number in (0, 1], got {mlp_keep_ratio!r}")
+        if mlp_keep_ratio is not None and mlp != "pruned":
+            raise OptionError(f"mlp_keep_ratio: only used with mlp: pruned, not '{mlp}'")
         self.mlp = mlp
         self.mlp_keep_ratio = mlp_keep_ratio
+
+    def check(self, family: Family) -> None:
+        problems = hydra_problems(family)
+        if problems:
+            raise UnsupportedModelError("hydra merger does not support this model: " + "; ".join(problems))
 
     def merge(
         self,
@@ -31,13 +44,20 @@ class HydraMerger(Merger):
         masks: Sequence[HeadMask],
         members: Sequence[nn.Module] | None = None,
         calibration: Sequence[torch.Tensor] | None = None,
-    ) -> nn.Module:
-        from compressor.adapters import TimmViTAdapter
-        from mergers.hydra.hf import build_hydra_hf
+    ) -> HydraModel:
+        return build_hydra(base, masks, members, self.mlp, self.mlp_keep_ratio, calibration)
 
-        if TimmViTAdapter.matches(base):
-            return build_hydra_vit(base, masks, members, self.mlp, self.mlp_keep_ratio, calibration)
-        return build_hydra_hf(base, masks, members, self.mlp, self.mlp_keep_ratio)
+    @classmethod
+    def owns(cls, model: nn.Module) -> bool:
+        return isinstance(model, HydraModel)
+
+    @classmethod
+    def describe(cls, model: nn.Module) -> dict:
+        return {"members": model.members, "mlp_mode": model.spec.mlp_mode, "hydra_spec": model.spec.to_dict()}
+
+    @classmethod
+    def rebuild(cls, config: dict) -> nn.Module:
+        return HydraModel(HydraSpec.from_dict(config["hydra_spec"]))
 
 
 __all__ = [
@@ -45,11 +65,10 @@ __all__ = [
     "HydraAttention",
     "HydraMLP",
     "HydraMerger",
-    "HydraOutput",
+    "HydraModel",
     "HydraSpec",
-    "HydraViT",
     "MLP_MODES",
     "SharedMLP",
-    "build_hydra_vit",
+    "build_hydra",
     "mlp_unit_scores",
 ]

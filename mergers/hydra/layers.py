@@ -65,11 +65,6 @@ class GroupedLinear(nn.Module):
                 if bias is not None:
                     self.bias[m, 0, outs] = bias.to(self.bias.dtype)
 
-    def member_weight(self, m: int) -> torch.Tensor:
-        """Member m's weight as a Linear holds it, [out, in]."""
-        ins, outs = torch.nonzero(self.in_mask[m]).flatten(), torch.nonzero(self.out_mask[m]).flatten()
-        return self.weight[m][ins[:, None], outs[None, :]].t()
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [M, N, max_in] -> [M, N, max_out]."""
         w = self.weight * self.weight_mask if self.padded else self.weight
@@ -191,8 +186,9 @@ class HydraAttention(nn.Module):
     """Fused multi-member attention: grouped QKV, ONE scaled_dot_product_attention, grouped proj.
 
     heads[m] is the number of heads member m keeps (may differ). Heads are laid out per member,
-    padded to max(heads); padded heads have all-zero Q/K/V (their output is exactly 0) and zero
-    output-projection rows, so they change nothing.
+    padded to max(heads); padded heads have all-zero Q/K/V weights (their output is exactly 0,
+    since V is 0) and zero output-projection rows, so they change nothing. `q_norm`/`k_norm`
+    (timm's qk_norm: a LayerNorm over each head's dim) are shared or per member.
     """
 
     def __init__(
@@ -204,6 +200,8 @@ class HydraAttention(nn.Module):
         proj_bias: bool = True,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
+        q_norm: nn.Module | None = None,
+        k_norm: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.heads = [int(h) for h in heads]
@@ -214,6 +212,8 @@ class HydraAttention(nn.Module):
         head_ok = torch.arange(self.max_heads)[None, :] < torch.as_tensor(self.heads)[:, None]  # [M, h]
         out_mask = head_ok[:, None, :, None].expand(m, 3, self.max_heads, head_dim).reshape(m, -1)
         self.qkv = GroupedLinear([dim] * m, [3 * self.max_heads * head_dim] * m, bias=qkv_bias, out_mask=out_mask)
+        self.q_norm = q_norm if q_norm is not None else nn.Identity()
+        self.k_norm = k_norm if k_norm is not None else nn.Identity()
         self.proj = GroupedLinear([h * head_dim for h in self.heads], [dim] * m, bias=proj_bias)
         self.attn_drop = attn_drop
         self.proj_drop = nn.Dropout(proj_drop)
@@ -224,8 +224,8 @@ class HydraAttention(nn.Module):
         m, b, t, d = x.shape
         h, hd = self.max_heads, self.head_dim
         qkv = self.qkv(x.reshape(m, b * t, d))  # [M, B*T, 3*h*hd]; per member: [3, heads, hd] padded
-        qkv = self._to_heads(qkv, m, b, t)  # [3, M*B, h, T, hd]
-        q, k, v = qkv.unbind(0)
+        qkv = qkv.view(m, b, t, 3, h, hd).permute(3, 0, 1, 4, 2, 5)  # [3, M, B, h, T, hd]
+        q, k, v = (s.reshape(m * b, h, t, hd) for s in (self.q_norm(qkv[0]), self.k_norm(qkv[1]), qkv[2]))
         mask = None
         if attn_mask is not None:  # batch index of q/k/v is member * B + sample
             mask = attn_mask.expand(b, *attn_mask.shape[1:]).repeat(m, 1, 1, 1)
@@ -233,41 +233,46 @@ class HydraAttention(nn.Module):
         o = o.transpose(1, 2).reshape(m, b * t, h * hd)
         return self.proj_drop(self.proj(o).view(m, b, t, d))
 
-    def _to_heads(self, qkv: torch.Tensor, m: int, b: int, t: int) -> torch.Tensor:
-        return (
-            qkv.view(m, b, t, 3, self.max_heads, self.head_dim)
-            .permute(3, 0, 1, 4, 2, 5)
-            .reshape(3, m * b, self.max_heads, t, self.head_dim)
-        )
-
 
 class HydraMLP(nn.Module):
     """Per-member MLPs of possibly different widths as two GroupedLinear layers."""
 
-    def __init__(self, dim: int, hidden: Sequence[int], act: nn.Module, bias: bool = True, drop: float = 0.0) -> None:
+    def __init__(
+        self,
+        dim: int,
+        hidden: Sequence[int],
+        act: nn.Module,
+        bias: bool = True,
+        act_drop: float = 0.0,
+        drop: float = 0.0,
+    ) -> None:
         super().__init__()
         self.hidden = [int(h) for h in hidden]
         m = len(self.hidden)
         self.fc1 = GroupedLinear([dim] * m, self.hidden, bias=bias)
         self.act = act
-        self.drop = nn.Dropout(drop)
+        self.drop1 = nn.Dropout(act_drop)
         self.fc2 = GroupedLinear(self.hidden, [dim] * m, bias=bias)
+        self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         m, b, t, d = x.shape
-        y = self.drop(self.act(self.fc1(x.reshape(m, b * t, d))))
-        return self.drop(self.fc2(y)).view(m, b, t, d)
+        y = self.drop1(self.act(self.fc1(x.reshape(m, b * t, d))))
+        return self.drop2(self.fc2(y)).view(m, b, t, d)
 
 
 class SharedMLP(nn.Module):
     """One MLP applied to every member stream (the paper's averaged-MLP mode)."""
 
-    def __init__(self, dim: int, hidden: int, act: nn.Module, bias: bool = True, drop: float = 0.0) -> None:
+    def __init__(
+        self, dim: int, hidden: int, act: nn.Module, bias: bool = True, act_drop: float = 0.0, drop: float = 0.0
+    ) -> None:
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden, bias=bias)
         self.act = act
-        self.drop = nn.Dropout(drop)
+        self.drop1 = nn.Dropout(act_drop)
         self.fc2 = nn.Linear(hidden, dim, bias=bias)
+        self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))

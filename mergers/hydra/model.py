@@ -1,21 +1,23 @@
-"""HydraViT: M head-pruned ViT members fused into one module that runs them in one pass.
+"""HydraModel: M head-pruned members fused into one module that runs them in one forward pass.
 
-The model is described by a `HydraSpec` (shapes and which parts are shared), so it can be built
-empty and loaded from an export without the base model, or filled from a base timm ViT and its
-members by `mergers.hydra.build.build_hydra_vit`.
+One implementation for every model family. The family supplies the two ends, its stem
+(inputs -> tokens and a key mask) and its head (tokens -> logits), as plain modules; the fused
+blocks in between are described by a `HydraSpec` (shapes, norms, MLP mode and which parts the
+members share), so the model can be built empty and loaded from an export without the base model.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import NamedTuple
+import copy
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from compressor.errors import ExportError
+from compressor.families import family_class
+from compressor.outputs import EnsembleOutput
 from mergers.hydra.layers import (
-    GroupedLinear,
     HydraAttention,
     HydraMLP,
     MemberAffine,
@@ -25,53 +27,9 @@ from mergers.hydra.layers import (
     widest_member_activation,
 )
 
+MLP_MODES = ("average", "grouped", "pruned")
 # measured with benchmarks/hydra_speed.py on a 2-core CPU: see the README's speed table
 INFERENCE_CHUNK_BYTES = 8 << 20
-
-
-class HydraOutput(NamedTuple):
-    """member_logits: [M, B, C]; probs: the ensemble's averaged softmax, [B, C]."""
-
-    member_logits: torch.Tensor
-    probs: torch.Tensor
-
-
-@dataclass
-class HydraSpec:
-    """Everything needed to build an empty HydraViT of the right shapes."""
-
-    members: int
-    embed_dim: int
-    num_classes: int
-    in_chans: int
-    patch_size: list[int]
-    grid_size: list[int]
-    head_dim: int
-    heads: list[list[int]]  # [block][member] kept heads
-    mlp_hidden: list[list[int]]  # [block][member] MLP width (one entry when shared)
-    mlp_mode: str = "average"
-    num_prefix_tokens: int = 1
-    has_cls_token: bool = True
-    no_embed_class: bool = False
-    global_pool: str = "token"
-    qkv_bias: bool = True
-    proj_bias: bool = True
-    patch_bias: bool = True
-    eps: float = 1e-6
-    act: str = "gelu"
-    fc_norm: bool = False
-    final_norm: bool = True
-    layer_scale: bool = False
-    attn_drop: float = 0.0
-    proj_drop: float = 0.0
-    shared: dict[str, bool] = field(default_factory=dict)  # component name -> one copy for all
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> HydraSpec:
-        return cls(**d)
 
 
 class QuickGELU(nn.Module):
@@ -90,52 +48,114 @@ ACTIVATIONS = {
 }
 
 
-def _norm(spec: HydraSpec, name: str) -> nn.Module:
-    if spec.shared.get(name, True):
-        return nn.LayerNorm(spec.embed_dim, eps=spec.eps)
-    return MemberLayerNorm(spec.members, spec.embed_dim, eps=spec.eps)
+@dataclass
+class HydraSpec:
+    """Everything needed to build an empty HydraModel of the right shapes."""
+
+    family: str  # the model family (its stem and head)
+    arch: dict  # the family's description of the base architecture
+    members: int
+    dim: int
+    head_dim: int
+    heads: list[list[int]]  # [block][member] kept heads
+    mlp_hidden: list[list[int]]  # [block][member] MLP width (one entry when shared)
+    mlp_mode: str = "average"
+    act: str = "gelu"
+    pre_norm: bool = True
+    causal: bool = False
+    eps: float = 1e-6  # the blocks' LayerNorms
+    qk_norm_eps: float | None = None  # None: no qk norm
+    layer_scale: bool = False
+    qkv_bias: bool = True
+    proj_bias: bool = True
+    mlp_bias: bool = True
+    attn_drop: float = 0.0
+    proj_drop: float = 0.0
+    mlp_act_drop: float = 0.0
+    mlp_drop: float = 0.0
+    shared: dict[str, bool] = field(default_factory=dict)  # part name -> one copy for all members
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> HydraSpec:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ExportError(f"hydra_spec: unknown keys {unknown}")
+        return cls(**d)
+
+    def is_shared(self, name: str) -> bool:
+        return self.shared.get(name, True)
+
+
+def _norm(spec: HydraSpec, name: str, dim: int, eps: float) -> nn.Module:
+    if spec.is_shared(name):
+        return nn.LayerNorm(dim, eps=eps)
+    return MemberLayerNorm(spec.members, dim, eps=eps)
 
 
 def _scale(spec: HydraSpec, name: str) -> nn.Module:
     if not spec.layer_scale:
         return nn.Identity()
-    return MemberAffine(spec.members if not spec.shared.get(name, True) else 1, spec.embed_dim, bias=False)
+    return MemberAffine(1 if spec.is_shared(name) else spec.members, spec.dim, bias=False)
 
 
 class HydraBlock(nn.Module):
-    """Pre-norm transformer block over M streams: x + attn(norm1(x)); x + mlp(norm2(x))."""
+    """A transformer block over M streams: pre-norm (x + ls1(attn(norm1(x)))) or post-norm
+    (norm1(x + attn(x))), then the MLP likewise."""
 
     def __init__(self, spec: HydraSpec, index: int) -> None:
         super().__init__()
         p = f"blocks.{index}."
-        self.norm1 = _norm(spec, p + "norm1")
+        self.pre_norm = spec.pre_norm
+        qk = [None, None]
+        if spec.qk_norm_eps is not None:
+            qk = [_norm(spec, p + n, spec.head_dim, spec.qk_norm_eps) for n in ("q_norm", "k_norm")]
+        self.norm1 = _norm(spec, p + "norm1", spec.dim, spec.eps)
         self.attn = HydraAttention(
-            spec.embed_dim,
+            spec.dim,
             spec.heads[index],
             spec.head_dim,
             spec.qkv_bias,
             spec.proj_bias,
             spec.attn_drop,
             spec.proj_drop,
+            q_norm=qk[0],
+            k_norm=qk[1],
         )
         self.ls1 = _scale(spec, p + "ls1")
-        self.norm2 = _norm(spec, p + "norm2")
-        act = ACTIVATIONS[spec.act]()
-        hidden = spec.mlp_hidden[index]
+        self.norm2 = _norm(spec, p + "norm2", spec.dim, spec.eps)
+        act, hidden = ACTIVATIONS[spec.act](), spec.mlp_hidden[index]
+        drops = (spec.mlp_act_drop, spec.mlp_drop)
         if spec.mlp_mode == "average":
-            self.mlp = SharedMLP(spec.embed_dim, hidden[0], act, spec.proj_bias, spec.proj_drop)
+            self.mlp = SharedMLP(spec.dim, hidden[0], act, spec.mlp_bias, *drops)
         else:
-            self.mlp = HydraMLP(spec.embed_dim, hidden, act, spec.proj_bias, spec.proj_drop)
+            self.mlp = HydraMLP(spec.dim, hidden, act, spec.mlp_bias, *drops)
         self.ls2 = _scale(spec, p + "ls2")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.ls1(self.attn(self.norm1(x)))
-        return x + self.ls2(self.mlp(self.norm2(x)))
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        if self.pre_norm:
+            x = x + self.ls1(self.attn(self.norm1(x), attn_mask))
+            return x + self.ls2(self.mlp(self.norm2(x)))
+        x = self.norm1(x + self.ls1(self.attn(x, attn_mask)))
+        return self.norm2(x + self.ls2(self.mlp(x)))
 
 
-class HydraViT(nn.Module):
-    """M ViT members in one module; forward returns HydraOutput(member_logits [M,B,C], probs [B,C]).
+def attention_mask(key_mask: torch.Tensor | None, tokens: int, causal: bool) -> torch.Tensor | None:
+    """Boolean [B or 1, 1, T, T] (True = may attend), or None for full attention."""
+    if not causal:
+        return None if key_mask is None else key_mask[:, None, None, :]
+    device = key_mask.device if key_mask is not None else None
+    mask = torch.ones(tokens, tokens, dtype=torch.bool, device=device).tril()[None, None]
+    return mask if key_mask is None else mask & key_mask[:, None, None, :]
 
+
+class HydraModel(nn.Module):
+    """M members in one module; forward returns EnsembleOutput(member_logits [M,B,C], probs [B,C]).
+
+    `stems`/`heads` hold one copy when every member has the same one, else one per member.
     `inference_chunk_bytes`: CPU inference runs large batches in chunks whose widest activation
     (all members together) fits this many bytes; None runs every batch whole.
     """
@@ -145,65 +165,42 @@ class HydraViT(nn.Module):
     def __init__(self, spec: HydraSpec) -> None:
         super().__init__()
         self.spec = spec
-        m, d = spec.members, spec.embed_dim
-        self.members = m
-        shared = spec.shared
-        self.patch_shared = shared.get("patch_embed", True)
-        out_ch = d if self.patch_shared else m * d
-        self.patch_proj = nn.Conv2d(spec.in_chans, out_ch, spec.patch_size, spec.patch_size, bias=spec.patch_bias)
-        n_members = lambda name: 1 if shared.get(name, True) else m  # noqa: E731
-        n_patches = spec.grid_size[0] * spec.grid_size[1]
-        n_pos = n_patches if spec.no_embed_class else n_patches + spec.num_prefix_tokens
-        self.cls_token = nn.Parameter(torch.zeros(n_members("cls_token"), 1, 1, d)) if spec.has_cls_token else None
-        self.pos_embed = nn.Parameter(torch.zeros(n_members("pos_embed"), 1, n_pos, d))
+        self.members = spec.members
+        fam = family_class(spec.family)
+        stem, head = fam(fam.empty(spec.arch, depth=0)).hydra_ends()
+        copies = lambda module, name: (
+            [module]
+            + [  # noqa: E731
+                copy.deepcopy(module) for _ in range(0 if spec.is_shared(name) else spec.members - 1)
+            ]
+        )
+        self.stems = nn.ModuleList(copies(stem, "stem"))
         self.blocks = nn.ModuleList(HydraBlock(spec, i) for i in range(len(spec.heads)))
-        self.norm = _norm(spec, "norm") if spec.final_norm else nn.Identity()
-        self.fc_norm = _norm(spec, "fc_norm") if spec.fc_norm else nn.Identity()
-        self.head_shared = shared.get("head", True)
-        if self.head_shared:
-            self.head = nn.Linear(d, spec.num_classes)
-        else:
-            self.head = GroupedLinear([d] * m, [spec.num_classes] * m)
+        self.heads = nn.ModuleList(copies(head, "head"))
         self._widest = widest_member_activation(self.blocks)
 
-    def embed(self, x: torch.Tensor) -> torch.Tensor:
-        """Images [B, C, H, W] -> member streams [M, B, T, D] (patch embedding run once)."""
-        m, d = self.members, self.spec.embed_dim
-        p = self.patch_proj(x).flatten(2)  # [B, D or M*D, N]
-        b, n = p.shape[0], p.shape[-1]
-        if self.patch_shared:
-            tokens = p.transpose(1, 2).unsqueeze(0).expand(m, b, n, d)
-        else:
-            tokens = p.view(b, m, d, n).permute(1, 0, 3, 2)
-        pos = self.pos_embed.expand(m, 1, -1, d)
-        if self.spec.no_embed_class:
-            tokens = tokens + pos
-        if self.cls_token is not None:
-            cls = self.cls_token.expand(m, b, 1, d)
-            tokens = torch.cat([cls, tokens], dim=2)
-        if not self.spec.no_embed_class:
-            tokens = tokens + pos
-        return tokens
+    def forward(self, inputs: torch.Tensor) -> EnsembleOutput:
+        return EnsembleOutput.from_logits(self.forward_member_logits(inputs))
 
-    def pool(self, x: torch.Tensor) -> torch.Tensor:
-        if self.spec.global_pool == "token":
-            return x[:, :, 0]
-        if self.spec.global_pool == "avg":
-            return x[:, :, self.spec.num_prefix_tokens :].mean(dim=2)
-        raise ValueError(f"global_pool '{self.spec.global_pool}' is not supported (token, avg)")
+    def forward_member_logits(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Inputs (images or token ids) -> per-member logits [M, B, C]."""
+        element = next(self.parameters()).element_size()
+        per_sample = self.stems[0].tokens_per_sample(inputs) * self._widest * element
+        return run_in_chunks(self._member_logits, inputs, per_sample, self.inference_chunk_bytes)
 
-    def forward_member_logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Images [B, C, H, W] -> per-member logits [M, B, num_classes]."""
-        per_sample = self.pos_embed.shape[2] * self._widest * self.pos_embed.element_size()
-        return run_in_chunks(self._member_logits, x, per_sample, self.inference_chunk_bytes)
-
-    def _member_logits(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.embed(x)
+    def _member_logits(self, inputs: torch.Tensor) -> torch.Tensor:
+        m = self.members
+        if len(self.stems) == 1:
+            tokens, key_mask = self.stems[0](inputs)
+            x = tokens.unsqueeze(0).expand(m, *tokens.shape)
+        else:  # members with their own (fine-tuned) stems
+            ends = [stem(inputs) for stem in self.stems]
+            x, key_mask = torch.stack([t for t, _ in ends]), ends[0][1]
+        attn_mask = attention_mask(key_mask, x.shape[2], self.spec.causal)
         for blk in self.blocks:
-            h = blk(h)
-        feats = self.fc_norm(self.pool(self.norm(h)))  # [M, B, D]
-        return self.head(feats)
-
-    def forward(self, x: torch.Tensor) -> HydraOutput:
-        logits = self.forward_member_logits(x)
-        return HydraOutput(logits, F.softmax(logits, dim=-1).mean(dim=0))
+            x = blk(x, attn_mask)
+        if len(self.heads) == 1:
+            b = x.shape[1]
+            keys = None if key_mask is None else key_mask.repeat(m, 1)
+            return self.heads[0](x.flatten(0, 1), keys).view(m, b, -1)
+        return torch.stack([head(x[i], key_mask) for i, head in enumerate(self.heads)])

@@ -1,9 +1,9 @@
-"""Zero-shot CLIP as an image classifier: the class prompts' text embeddings are computed once.
+"""Classifiers this project builds around transformers encoders.
 
-logits = exp(logit_scale) * cos(image embedding, class prompt embedding), exactly CLIP's
-`logits_per_image` for those prompts. Only the vision tower runs per image, so head scoring,
-pruning and the Hydra merger act on the vision tower (the paper's zero-shot CLIP setting: the
-gradient-free pruner needs no training at all).
+- `MeanPoolClassifier`: any transformers text encoder (BERT-style, CLIP text) -> mean of the
+  non-padding token states -> Linear. Takes token ids only, so it batches like any tensor model.
+- `ZeroShotCLIP`: CLIP's `logits_per_image` for fixed class prompts, whose text embeddings are
+  computed once; per image only the vision tower runs (the paper's zero-shot CLIP setting).
 """
 
 from __future__ import annotations
@@ -11,9 +11,49 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from compressor.errors import InputError
+
+
+class MeanPoolClassifier(nn.Module):
+    """encoder(input_ids) -> mean of the non-padding token states -> Linear: class logits.
+
+    Takes token ids [B, L] only (padding = `pad_token_id`).
+    """
+
+    def __init__(self, encoder: nn.Module, num_classes: int, pad_token_id: int = 0) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.pad_token_id = pad_token_id
+        self.head = nn.Linear(encoder.config.hidden_size, num_classes)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        mask = (input_ids != self.pad_token_id).long()
+        states = self.encoder(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        m = mask.unsqueeze(-1).to(states.dtype)
+        return self.head((states * m).sum(1) / m.sum(1).clamp_min(1.0))
+
+
+def load_text_classifier(path: str, num_classes: int) -> MeanPoolClassifier:
+    """A transformers encoder (local folder or hub name) with a new mean-pool class head; the
+    padding id comes from the model's own tokenizer."""
+    from transformers import AutoModel, AutoTokenizer
+
+    try:
+        encoder = AutoModel.from_pretrained(path)
+        pad = AutoTokenizer.from_pretrained(path).pad_token_id or 0
+    except OSError as e:
+        raise InputError(
+            f"model.name: cannot load transformers model '{path}' ({e.__class__.__name__}: {str(e).splitlines()[0]})"
+        ) from e
+    return MeanPoolClassifier(encoder, num_classes, pad)
+
 
 class ZeroShotCLIP(nn.Module):
-    """encoder (a CLIPVisionModel) -> visual projection -> cosine similarity to fixed class embeddings."""
+    """encoder (a CLIPVisionModel) -> visual projection -> cosine similarity to fixed class embeddings.
+
+    logits = exp(logit_scale) * cos(image embedding, class prompt embedding), exactly CLIP's
+    `logits_per_image` for those prompts.
+    """
 
     def __init__(
         self, encoder: nn.Module, projection: nn.Linear, class_embeds: torch.Tensor, logit_scale: float

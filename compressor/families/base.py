@@ -1,0 +1,318 @@
+"""The model-family interface: the one place that knows a model family's attribute names.
+
+A `Family` wraps one model and answers everything the rest of compressor asks of it: its
+attention blocks and each head's weights, its MLPs, norms and layer scales, how to gate heads and
+how to remove heads or MLP units, how to run it and read logits from its output, the embedding
+"stem" and classifier "head" the fused Hydra model copies, and how to describe the architecture
+for an export and build it again. A new family is one subclass in one file, registered by name.
+
+Head gating is a forward pre-hook on each block's attention output projection: the projection's
+input is the concatenation of the heads' outputs, so multiplying head h's slice by gate[h] is
+exactly "this head's output is scaled by gate[h]". A gate of 0 equals removing the head.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from compressor.errors import MaskError
+from compressor.masks import HeadMask
+
+
+@dataclass
+class Slot:
+    """A submodule reached as `owner.<name>`, so that surgery can replace it."""
+
+    owner: nn.Module
+    name: str
+
+    def get(self) -> nn.Module:
+        return getattr(self.owner, self.name)
+
+    def set(self, module: nn.Module) -> None:
+        setattr(self.owner, self.name, module)
+
+
+@dataclass
+class AttentionSlots:
+    """One block's attention projections: a fused [q; k; v] Linear or three, and the output one.
+
+    `head_rows` are further Linears whose output rows follow the heads (removed with them).
+    """
+
+    qkv: tuple[Slot, ...]
+    o: Slot
+    head_rows: tuple[Slot, ...] = ()
+
+
+@dataclass
+class MlpSlots:
+    """One block's MLP: fc1 (hidden units are its output rows), the activation, fc2."""
+
+    fc1: Slot
+    act: nn.Module
+    fc2: Slot
+
+
+@dataclass
+class HeadWeights:
+    """One block's attention weights split per head (views of the model's own tensors).
+
+    q, k, v: [H, head_dim, D] weights and [H, head_dim] biases (None where absent);
+    o: [D, H, head_dim] output-projection weight, o_bias: [D] or None.
+    """
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    q_bias: torch.Tensor | None
+    k_bias: torch.Tensor | None
+    v_bias: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+
+
+@dataclass
+class BlockParts:
+    """What a fused block copies from one block besides attention and MLP weights.
+
+    Dropout rates: `attn_drop` on attention probabilities, `proj_drop` after the output
+    projection, `mlp_act_drop` after the MLP activation, `mlp_drop` after fc2.
+    """
+
+    norm1: nn.Module
+    norm2: nn.Module
+    ls1: torch.Tensor | None = None  # layer-scale gammas [D]
+    ls2: torch.Tensor | None = None
+    q_norm: nn.Module | None = None  # per-head LayerNorm over head_dim (timm qk_norm)
+    k_norm: nn.Module | None = None
+    attn_drop: float = 0.0
+    proj_drop: float = 0.0
+    mlp_act_drop: float = 0.0
+    mlp_drop: float = 0.0
+
+
+def _gate_pre_hook(module: nn.Module, args: tuple) -> tuple:
+    gate = module.head_gate
+    (x, *rest) = args
+    shape = x.shape
+    x = (x.reshape(*shape[:-1], gate.numel(), -1) * gate.to(x.dtype)[:, None]).reshape(shape)
+    return (x, *rest)
+
+
+def select_rows(linear: nn.Linear, rows: torch.Tensor) -> nn.Linear:
+    """A new Linear keeping output rows `rows` of `linear`."""
+    new = nn.Linear(linear.in_features, rows.numel(), bias=linear.bias is not None)
+    new = new.to(device=linear.weight.device, dtype=linear.weight.dtype)
+    with torch.no_grad():
+        new.weight.copy_(linear.weight[rows])
+        if linear.bias is not None:
+            new.bias.copy_(linear.bias[rows])
+    return new
+
+
+def select_cols(linear: nn.Linear, cols: torch.Tensor) -> nn.Linear:
+    """A new Linear keeping input columns `cols` of `linear`."""
+    new = nn.Linear(cols.numel(), linear.out_features, bias=linear.bias is not None)
+    new = new.to(device=linear.weight.device, dtype=linear.weight.dtype)
+    with torch.no_grad():
+        new.weight.copy_(linear.weight[:, cols])
+        if linear.bias is not None:
+            new.bias.copy_(linear.bias)
+    return new
+
+
+def head_columns(keep: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Feature indices of heads `keep` in a [heads * head_dim] layout."""
+    return (keep[:, None] * head_dim + torch.arange(head_dim)[None]).flatten()
+
+
+class Family(ABC):
+    """Family-specific access to one model (see the module docstring)."""
+
+    name: ClassVar[str] = ""
+    pre_norm: ClassVar[bool] = True  # x + attn(norm1(x)); post-norm: norm1(x + attn(x))
+    causal: ClassVar[bool] = False  # attention sees only earlier tokens (CLIP text)
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    # --- what each family provides ----------------------------------------------------------
+    @classmethod
+    @abstractmethod
+    def matches(cls, model: nn.Module) -> bool:
+        """True if this family handles `model`."""
+
+    @abstractmethod
+    def blocks(self) -> Sequence[nn.Module]:
+        """The transformer blocks, in order."""
+
+    @abstractmethod
+    def attention(self, block: int) -> AttentionSlots: ...
+
+    @abstractmethod
+    def head_dim(self, block: int) -> int: ...
+
+    @abstractmethod
+    def set_head_count(self, block: int, heads: int) -> None:
+        """After surgery: set every attribute the block's forward reads (num_heads, all_head_size, ...)."""
+
+    @abstractmethod
+    def mlp(self, block: int) -> MlpSlots: ...
+
+    @abstractmethod
+    def block_parts(self, block: int) -> BlockParts: ...
+
+    @abstractmethod
+    def activation(self) -> str:
+        """The MLP activation by name (gelu, gelu_tanh, quick_gelu, relu, silu)."""
+
+    @abstractmethod
+    def classifier(self) -> nn.Module:
+        """The classification head (what `train_base: {trainable: head}` trains)."""
+
+    @abstractmethod
+    def describe(self) -> dict:
+        """JSON-able architecture of the unpruned model: enough for `empty` to build it again."""
+
+    @classmethod
+    @abstractmethod
+    def empty(cls, arch: dict, depth: int | None = None) -> nn.Module:
+        """A freshly built model of architecture `arch` (with `depth` blocks when given)."""
+
+    def hydra_problems(self) -> list[str]:
+        """Why the fused Hydra model could not reproduce this model (empty when it can)."""
+        return []
+
+    def hydra_ends(self) -> tuple[nn.Module, nn.Module]:
+        """Copies of the model's stem and head as modules the fused model runs:
+        stem(inputs) -> (tokens [B, T, D], key_mask [B, T] bool or None) and
+        head(tokens [N, T, D], key_mask or None) -> logits [N, C]."""
+        raise NotImplementedError(f"{type(self).__name__} has no Hydra support")
+
+    def save_pretrained(self, folder: Any, mask: HeadMask) -> str | None:
+        """Write a copy that the model's own library loads without compressor; return its folder
+        name, or None when the family has no such format."""
+        return None
+
+    # --- running ----------------------------------------------------------------------------
+    def logits(self, inputs: Any) -> torch.Tensor:
+        """Run the model on one batch and return class logits [B, C]."""
+        out = self.model(**inputs) if isinstance(inputs, dict) else self.model(inputs)
+        return self.output_logits(out)
+
+    @staticmethod
+    def output_logits(output: Any) -> torch.Tensor:
+        """Logits from the model's output: the tensor itself, or its `logits` (a bare encoder:
+        its last hidden state)."""
+        for name in ("logits", "last_hidden_state"):
+            if hasattr(output, name):
+                return getattr(output, name)
+        return output
+
+    # --- structure, from the slots ----------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks())
+
+    def num_heads(self, block: int) -> int:
+        slots = self.attention(block)
+        rows = sum(s.get().out_features for s in slots.qkv)
+        return rows // (3 * self.head_dim(block))
+
+    def heads_per_block(self) -> list[int]:
+        return [self.num_heads(b) for b in range(self.num_blocks)]
+
+    def output_projection(self, block: int) -> nn.Linear:
+        return self.attention(block).o.get()
+
+    def head_weights(self, block: int) -> HeadWeights:
+        slots = self.attention(block)
+        h, hd = self.num_heads(block), self.head_dim(block)
+        lins = [s.get() for s in slots.qkv]
+        if len(lins) == 1:
+            w = lins[0].weight.view(3, h, hd, -1)
+            b = None if lins[0].bias is None else lins[0].bias.view(3, h, hd)
+            ws, bs = list(w.unbind(0)), [None] * 3 if b is None else list(b.unbind(0))
+        else:
+            ws = [li.weight.view(h, hd, -1) for li in lins]
+            bs = [None if li.bias is None else li.bias.view(h, hd) for li in lins]
+        o = slots.o.get()
+        return HeadWeights(*ws, *bs, o=o.weight.view(-1, h, hd), o_bias=o.bias)
+
+    def mlp_widths(self) -> list[int]:
+        return [self.mlp(b).fc1.get().out_features for b in range(self.num_blocks)]
+
+    # --- gating -----------------------------------------------------------------------------
+    def install_gates(self) -> list[torch.Tensor]:
+        """Give every block a head gate of ones (idempotent); return the gate tensors."""
+        gates = []
+        for b in range(self.num_blocks):
+            proj = self.output_projection(b)
+            if not hasattr(proj, "head_gate"):
+                ref = proj.weight
+                gate = torch.ones(self.num_heads(b), dtype=ref.dtype, device=ref.device)
+                proj.register_buffer("head_gate", gate, persistent=False)
+                proj._compressor_gate_hook = proj.register_forward_pre_hook(_gate_pre_hook)
+            gates.append(proj.head_gate)
+        return gates
+
+    def remove_gates(self) -> None:
+        for b in range(self.num_blocks):
+            proj = self.output_projection(b)
+            if hasattr(proj, "head_gate"):
+                proj._compressor_gate_hook.remove()
+                del proj._compressor_gate_hook
+                del proj._buffers["head_gate"]
+
+    def set_gates(self, gates: Sequence[torch.Tensor]) -> None:
+        """Replace the gate tensors (for example with ones that require grad)."""
+        self.install_gates()
+        for b, g in enumerate(gates):
+            self.output_projection(b)._buffers["head_gate"] = g
+
+    def apply_mask(self, mask: HeadMask | None) -> None:
+        """Gate heads by `mask` (None: keep every head)."""
+        mask = mask or HeadMask.full(self.heads_per_block())
+        mask.validate(self.heads_per_block(), allow_empty_blocks=True)
+        ref = self.output_projection(0).weight
+        self.set_gates([b.to(dtype=ref.dtype, device=ref.device) for b in mask.blocks])
+
+    # --- surgery ----------------------------------------------------------------------------
+    def prune_heads_(self, block: int, keep: Sequence[int]) -> None:
+        """Physically keep only heads `keep` of `block` (in place); gates follow their heads."""
+        slots = self.attention(block)
+        h, hd = self.num_heads(block), self.head_dim(block)
+        keep_t = torch.as_tensor(sorted(keep), dtype=torch.long)
+        if keep_t.numel() == 0:
+            raise MaskError(f"block {block}: cannot physically remove every head")
+        cols = head_columns(keep_t, hd)
+        proj = slots.o.get()
+        gate_values = proj.head_gate[keep_t].clone() if hasattr(proj, "head_gate") else None
+        if len(slots.qkv) == 1:  # fused [q; k; v] rows
+            slots.qkv[0].set(select_rows(slots.qkv[0].get(), torch.cat([cols + i * h * hd for i in range(3)])))
+        else:
+            for s in slots.qkv:
+                s.set(select_rows(s.get(), cols))
+        for s in slots.head_rows:
+            s.set(select_rows(s.get(), cols))
+        slots.o.set(select_cols(proj, cols))
+        self.set_head_count(block, int(keep_t.numel()))
+        if gate_values is not None:
+            self.install_gates()
+            self.output_projection(block)._buffers["head_gate"] = gate_values
+
+    def prune_mlp_units_(self, block: int, keep: Sequence[int]) -> None:
+        """Physically keep only MLP hidden units `keep` of `block` (in place)."""
+        slots = self.mlp(block)
+        keep_t = torch.as_tensor(sorted(keep), dtype=torch.long)
+        if keep_t.numel() == 0:
+            raise MaskError(f"block {block}: cannot physically remove every MLP unit")
+        slots.fc1.set(select_rows(slots.fc1.get(), keep_t))
+        slots.fc2.set(select_cols(slots.fc2.get(), keep_t))

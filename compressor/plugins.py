@@ -1,0 +1,172 @@
+"""The interfaces plugins implement: Pruner (head selection), Importance (head scores), Merger.
+
+They live in the core so that it can check what a recipe names (an import path must be a
+subclass of the kind its key asks for) without importing any plugin package. This project's own
+plugins (the `pruners` and `mergers` packages) and third-party ones subclass these the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from compressor.errors import MaskError, OptionError
+from compressor.masks import HeadMask
+
+if TYPE_CHECKING:
+    from compressor.families.base import Family
+
+Batch = tuple[torch.Tensor, ...]
+
+
+class Importance:
+    """Scores every attention head of a model: one tensor per block, higher = more important.
+
+    Importance is separate from selection (as in torch-pruning): a pruner turns scores into masks.
+    """
+
+    needs_data: bool = True  # False: scores come from the weights alone (members differ by jitter)
+
+    def __call__(
+        self,
+        family: Family,
+        calibration: Sequence[Batch],
+        heldout: Sequence[Batch] | None = None,
+        keep: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> list[torch.Tensor]:
+        """Per block, one score per head. `keep(block_scores) -> bool mask` is the pruner's
+        selection for one block, for importances that prune as they go (greedy, block by block);
+        None keeps every head."""
+        raise NotImplementedError
+
+
+def _check_members(members: Any) -> int:
+    if isinstance(members, bool) or not isinstance(members, int) or members < 1:
+        raise OptionError(f"members: expected an integer >= 1, got {members!r}")
+    return members
+
+
+class Pruner:
+    """Returns M head masks (one per ensemble member) for a model seen through its family.
+
+    Subclasses implement `prune(family, calibration, heldout)`. The options every pruner takes:
+    `members`, `keep_ratio` (one, or one per member) or `keep_heads`, `seed`, `diversity`
+    (how members are made to differ; the choices depend on the pruner), `distinct` and
+    `allow_empty_blocks`.
+    """
+
+    diversity_choices: tuple[str, ...] = ("none",)
+
+    def __init__(
+        self,
+        members: int = 3,
+        keep_ratio: float | list[float] = 0.5,
+        keep_heads: int | None = None,
+        seed: int = 0,
+        diversity: str | None = None,
+        distinct: bool = True,
+        allow_empty_blocks: bool = False,
+    ) -> None:
+        self.members = _check_members(members)
+        if keep_heads is not None and (isinstance(keep_heads, bool) or not isinstance(keep_heads, int)):
+            raise OptionError(f"keep_heads: expected an integer or null, got {keep_heads!r}")
+        ratios = keep_ratio if isinstance(keep_ratio, list) else [keep_ratio] * members
+        if len(ratios) != members:
+            raise OptionError(f"keep_ratio: expected one ratio or a list of {members} (one per member)")
+        for r in ratios:
+            if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 <= r <= 1.0:
+                raise OptionError(f"keep_ratio: expected a number in [0, 1], got {r!r}")
+        self.keep_ratios = [float(r) for r in ratios]
+        self.keep_heads = keep_heads
+        self.seed = seed
+        self.diversity = diversity or self.diversity_choices[0]
+        if self.diversity not in self.diversity_choices:
+            raise OptionError(f"diversity: expected one of {', '.join(self.diversity_choices)}, got '{self.diversity}'")
+        self.distinct = distinct
+        self.allow_empty_blocks = allow_empty_blocks
+        self.last_scores: list[list[torch.Tensor]] | None = None  # per member, per block (for plots)
+
+    def prune(
+        self, family: Family, calibration: Sequence[Batch], heldout: Sequence[Batch] | None = None
+    ) -> list[HeadMask]:
+        """Return `members` head masks for the model behind `family`."""
+        raise NotImplementedError
+
+    def preflight(self, family: Family) -> None:
+        """Raise MaskError if this pruner cannot produce masks for the model's head counts
+        (run before any training): by default, every member keeps at least one head per block."""
+        for m in range(self.members):
+            for h in family.heads_per_block():
+                self.num_keep(h, m)
+
+    def num_keep(self, heads: int, member: int) -> int:
+        """How many heads member `member` keeps in a block of `heads` heads."""
+        k = int(self.keep_heads) if self.keep_heads is not None else int(round(self.keep_ratios[member] * heads))
+        if k <= 0 and not self.allow_empty_blocks:
+            raise MaskError(
+                f"keep_ratio {self.keep_ratios[member]} keeps no head of {heads} in a block; "
+                "raise keep_ratio/keep_heads or set allow_empty_blocks: true"
+            )
+        if k > heads:
+            raise MaskError(f"keep_heads {k} is more than the {heads} heads of a block")
+        return max(k, 0)
+
+    def keep_block(self, scores: torch.Tensor, member: int) -> torch.Tensor:
+        """Boolean mask of one block keeping its highest-scored heads (ties broken by head index)."""
+        keep = torch.zeros(scores.numel(), dtype=torch.bool)
+        keep[torch.argsort(-scores.double(), stable=True)[: self.num_keep(scores.numel(), member)]] = True
+        return keep
+
+    def select(self, scores: Sequence[torch.Tensor], member: int) -> HeadMask:
+        """Keep the highest-scored heads of every block."""
+        return HeadMask(tuple(self.keep_block(s, member) for s in scores))
+
+    def check(self, masks: list[HeadMask], family: Family) -> list[HeadMask]:
+        """Raise MaskError unless every mask fits the model; return the masks."""
+        name = type(self).__name__
+        for i, m in enumerate(masks):
+            m.validate(family.heads_per_block(), self.allow_empty_blocks, where=f"{name} member {i}")
+        return masks
+
+
+class Merger:
+    """Turns a base model and M head masks (and optionally M fine-tuned members) into one nn.Module.
+
+    A merger also says whether it can handle an architecture (`check`, run before any training),
+    which models it produced (`owns`), and how to describe and rebuild them for an export.
+    """
+
+    def check(self, family: Family) -> None:
+        """Raise UnsupportedModelError if this merger cannot handle the family's architecture."""
+
+    def merge(
+        self,
+        base: nn.Module,
+        masks: Sequence[HeadMask],
+        members: Sequence[nn.Module] | None = None,
+        calibration: Sequence[torch.Tensor] | None = None,
+    ) -> nn.Module:
+        """Return the merged model. `members[i]`, if given, is member i fine-tuned (head-masked)."""
+        raise NotImplementedError
+
+    @classmethod
+    def owns(cls, model: nn.Module) -> bool:
+        """True if `model` is what this merger produces (so its `describe`/`rebuild` apply)."""
+        return False
+
+    @classmethod
+    def describe(cls, model: nn.Module) -> dict:
+        """JSON-able architecture of a merged model, enough for `rebuild`."""
+        raise NotImplementedError(f"{cls.__name__} cannot describe models for an export")
+
+    @classmethod
+    def rebuild(cls, config: dict) -> nn.Module:
+        """An empty model of the architecture `describe` wrote (weights are loaded after)."""
+        raise NotImplementedError(f"{cls.__name__} cannot rebuild models from an export")
+
+    @classmethod
+    def write_extras(cls, model: nn.Module, folder: Any, masks: Sequence[HeadMask]) -> None:
+        """Write anything beyond weights and config into an export folder (default: nothing)."""

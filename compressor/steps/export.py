@@ -1,0 +1,29 @@
+"""The export step: write the merged model to a folder that `compressor.load` rebuilds."""
+
+from __future__ import annotations
+
+import torch
+
+from compressor.context import RunContext
+from compressor.distributed import is_main
+from compressor.export import export_model
+from compressor.schema import Field
+from compressor.steps.base import needs_earlier, register_step
+
+SCHEMA = {
+    "dir": Field((str,), "export", doc="folder under the run folder"),
+    "onnx": Field((bool,), False, doc="also write model.onnx (needs onnx and onnxruntime)"),
+}
+
+
+@register_step("export", SCHEMA, check=needs_earlier("merge"))
+def export(ctx: RunContext, cfg: dict) -> None:
+    """Write model.safetensors, config.json and masks.json (and model.onnx) under the run folder."""
+    example = next(iter(torch.utils.data.DataLoader(ctx.data.test, batch_size=2)))[0] if cfg["onnx"] else None
+    if not is_main():
+        return
+    path = export_model(
+        ctx.merged, ctx.out / cfg["dir"], ctx.masks, ctx.data.class_names, example, merger=ctx.merger_name
+    )
+    ctx.outcomes["export"] = str(path)
+    ctx.say(f"export: {path} (load with compressor.load('{path}'))")

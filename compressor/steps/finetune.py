@@ -1,0 +1,75 @@
+"""The finetune step: a short training run of the members (before merging) or of the merged model."""
+
+from __future__ import annotations
+
+import copy
+
+from torch import nn
+
+from compressor.context import RunContext
+from compressor.families import family_of
+from compressor.masks import HeadMask
+from compressor.recipe import TRAIN_FIELDS
+from compressor.schema import NUM, Field, positive
+from compressor.steps.base import StepList, register_step
+from compressor.training import TrainConfig, train
+
+SCHEMA = {
+    "target": Field(
+        (str,),
+        "auto",
+        choices=("auto", "members", "merged"),
+        doc="members: each masked member before merging; merged: the merged model",
+    ),
+    **TRAIN_FIELDS,
+    "steps": Field((int,), 100, check=lambda v: None if 0 < v <= 2000 else "an integer in 1..2000"),
+    "lr": Field(NUM, 5e-4, check=positive),
+}
+
+
+def masked_member(base: nn.Module, mask: HeadMask) -> nn.Module:
+    """A copy of `base` whose head gates apply `mask` (what a member is before fusing)."""
+    member = copy.deepcopy(base)
+    family_of(member).apply_mask(mask)
+    return member
+
+
+def _check(cfg: dict, earlier: StepList, later: StepList) -> str | None:
+    before, after = {n for n, _ in earlier}, {n for n, _ in later}
+    target = cfg["target"]
+    if target == "merged" and "merge" not in before:
+        return "target 'merged' needs a 'merge' step before it"
+    if target == "members" and "prune" not in before:
+        return "target 'members' needs a 'prune' step before it"
+    if target == "members" and "merge" in before and "merge" not in after:
+        return (
+            "target 'members' after the merge would be lost (the merged model is already built); "
+            "put it before 'merge', or add a 'merge' step after it"
+        )
+    if target == "auto" and not before & {"prune", "merge"}:
+        return "needs a 'prune' or 'merge' step before it"
+    return None
+
+
+def train_config(ctx: RunContext, cfg: dict) -> TrainConfig:
+    keys = TrainConfig.__dataclass_fields__
+    return TrainConfig(**{k: v for k, v in cfg.items() if k in keys and k != "seed"}, seed=ctx.recipe.seed)
+
+
+@register_step("finetune", SCHEMA, check=_check)
+def finetune(ctx: RunContext, cfg: dict) -> None:
+    """Fine-tune the merged model, or each head-masked member (then merge them)."""
+    target = cfg["target"]
+    if target == "auto":
+        target = "merged" if ctx.merged is not None else "members"
+    tc = train_config(ctx, cfg)
+    if target == "merged":
+        ctx.log["finetune merged"] = train(ctx.merged, ctx.data.train, ctx.data.val, tc, desc="finetune merged")
+        ctx.outcomes["finetune"] = f"merged model, {len(ctx.log['finetune merged']['loss'])} steps"
+        return
+    members = ctx.members or [masked_member(ctx.base, m) for m in ctx.masks]
+    for i, member in enumerate(members):
+        tc_i = TrainConfig(**{**tc.__dict__, "seed": tc.seed + i})
+        ctx.log[f"finetune member {i}"] = train(member, ctx.data.train, ctx.data.val, tc_i, desc=f"finetune member {i}")
+    ctx.members = members
+    ctx.outcomes["finetune"] = f"{len(members)} members, {tc.steps} steps each"

@@ -1,0 +1,77 @@
+"""Top-k selection over any importance: score every head, keep each block's best heads per member.
+
+Members are made to differ by the `diversity` option (`bootstrap`: each member scores a
+bootstrap resample of the data; `jitter`: seeded noise on the scores) and, as a last resort, by
+swapping the closest-scored kept/dropped pair until no two members coincide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+
+import torch
+
+from compressor.data import bootstrap
+from compressor.errors import OptionError
+from compressor.families import Family
+from compressor.masks import HeadMask
+from compressor.plugins import Batch, Importance, Pruner
+from compressor.registry import resolve
+from pruners.base import jitter, make_distinct
+
+
+def make_importance(importance: str | Importance, options: dict | None = None) -> Importance:
+    """An Importance instance from a registered name (or import path) and its options."""
+    if isinstance(importance, Importance):
+        return importance
+    if not isinstance(importance, str):
+        raise OptionError(f"importance: expected a registered name, got {importance!r}")
+    cls = resolve("importance", importance)
+    try:
+        return cls(**(options or {}))
+    except TypeError as e:
+        raise OptionError(f"importance_options: {e}") from e
+
+
+class TopKPruner(Pruner):
+    """Keep each block's top heads by any registered importance (`importance:` names it)."""
+
+    diversity_choices = ("bootstrap", "jitter", "none")
+
+    def __init__(
+        self, importance: str | Importance = "taylor", importance_options: dict | None = None, **kwargs
+    ) -> None:
+        self.importance = make_importance(importance, importance_options)
+        if not self.importance.needs_data and kwargs.get("diversity") == "bootstrap":
+            raise OptionError("diversity: 'bootstrap' needs a data-driven importance; use jitter or none")
+        kwargs.setdefault("diversity", "bootstrap" if self.importance.needs_data else "jitter")
+        super().__init__(**kwargs)
+
+    def member_scores(
+        self, family: Family, calibration: Sequence[Batch], heldout: Sequence[Batch] | None, member: int
+    ) -> list[torch.Tensor]:
+        """Member `member`'s head scores (on its bootstrap resample, or jittered)."""
+        seed = self.seed * 1000 + member
+        if self.diversity == "bootstrap" and self.members > 1:
+            calibration = bootstrap(calibration, seed) if calibration else calibration
+            heldout = bootstrap(heldout, seed + 500) if heldout else heldout
+        scores = self.importance(family, calibration, heldout, keep=partial(self.keep_block, member=member))
+        if self.diversity == "jitter" and self.members > 1:
+            scores = jitter(scores, seed)
+        return scores
+
+    def prune(
+        self, family: Family, calibration: Sequence[Batch], heldout: Sequence[Batch] | None = None
+    ) -> list[HeadMask]:
+        was_training = family.model.training
+        family.model.eval()
+        try:
+            scores = [self.member_scores(family, calibration, heldout, m) for m in range(self.members)]
+        finally:
+            family.model.train(was_training)
+        self.last_scores = scores
+        masks = [self.select(s, m) for m, s in enumerate(scores)]
+        if self.distinct and self.members > 1:
+            masks = make_distinct(masks, scores)
+        return self.check(masks, family)
