@@ -1,12 +1,18 @@
-"""Uncertainty comparison on the embedded default, over several seeds, by the recipe engine.
+"""Cost-quality table: uncertainty of every Hydra configuration beside its FLOPs and parameters,
+next to the base model, a 3-model Deep Ensemble, MC dropout and single pruned models.
 
-    python benchmarks/uq_table.py                     # 3 seeds, every method (about 20 minutes on 2 cores)
-    python benchmarks/uq_table.py --seeds 0 --finetune-steps 20
+    python benchmarks/uq_table.py                         # digits, seeds 0 1 2, every row (~2 h on 2 cores)
+    python benchmarks/uq_table.py --rows main             # the rows the README's main table shows
+    python benchmarks/uq_table.py --in-classes 2 3 4 5 6 7 8 9 --rows check   # another class split
+    python benchmarks/uq_table.py --text --seeds 0 1      # MiniLM on the bundled Rotten Tomatoes sample
 
-ID = scikit-learn digits 0-7; OOD = digits 8-9 and crops of scikit-learn's sample photos;
-shift = noisy, blurred and rotated test digits. Every method is built from the same base model
-(per seed) by the same recipe steps and evaluated on the same data; the table prints the mean and
-standard deviation over seeds of each metric and the median latency ratio to the single model.
+Digits: ID = scikit-learn digits 0-7 (or --in-classes), OOD = the other digits (near) and crops
+of scikit-learn's sample photos (far), shift = noisy, blurred and rotated test digits. Text: ID =
+fresh vs rotten snippets, OOD = movie plot summaries, the whole MiniLM encoder fine-tuned for the
+base and for each Deep Ensemble member. Every row is built by the recipe engine from the same base
+model per seed (cached), evaluated on the same data; rows that share a prune step reuse its masks.
+FLOPs per sample are counted with torch.utils.flop_counter.FlopCounterMode. Results: the mean and
+standard deviation over seeds, printed and written to benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -24,59 +31,162 @@ from compressor.recipe import validate_recipe
 from compressor.runner import Runner
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
 
 
-def variants(members: int, ft_steps: int) -> dict[str, list[dict]]:
-    ft = {"finetune": {"target": "merged", "steps": ft_steps, "lr": 0.0005, "patience": 3}}
-    hydra = {"merge": {"merger": "hydra", "mlp": "grouped"}}
+def _prune(pruner: str, members: int = 3, keep: float = 0.5, **kw) -> dict:
+    return {"prune": {"pruner": pruner, "members": members, "keep_ratio": keep, **kw}}
+
+
+def _hydra(mlp: str, **kw) -> dict:
+    return {"merge": {"merger": "hydra", "mlp": mlp, **kw}}
+
+
+def digit_rows(ft: int) -> dict[str, tuple[str | None, list[dict]]]:
+    """Row name -> (prune key shared by rows with the same masks, recipe steps)."""
+    tune = {"finetune": {"target": "merged", "steps": ft, "lr": 5e-4, "patience": 3}}
+    members_tune = {"finetune": {"target": "members", "steps": ft, "lr": 5e-4, "patience": 3}}
     plain = {"merge": {"merger": "plain"}}
+    taylor, circuit = _prune("taylor"), _prune("gradient_free", metric="nll+auroc")
+    rows = {
+        "single taylor-pruned": ("taylor1", [_prune("taylor", 1), plain, tune]),
+        "single circuit-pruned": ("circuit1", [_prune("gradient_free", 1, metric="nll+auroc"), plain, tune]),
+    }
+    for mlp in ("average", "grouped", "pruned"):
+        rows[f"hydra taylor {mlp}"] = ("taylor", [taylor, _hydra(mlp), tune])
+        rows[f"hydra circuit {mlp}"] = ("circuit", [circuit, _hydra(mlp), tune])
+    rows |= {
+        "hydra taylor pruned + members tuned separately": (
+            "taylor-units",
+            [_prune("taylor", mlp_keep_ratio=1 / 3), members_tune, _hydra("pruned")],
+        ),
+        "hydra taylor pruned + bootstrap fine-tune": (
+            "taylor",
+            [taylor, _hydra("pruned"), {"finetune": {**tune["finetune"], "bootstrap": True}}],
+        ),
+        "hydra taylor pruned + disagreement 0.3": (
+            "taylor",
+            [taylor, _hydra("pruned"), {"finetune": {**tune["finetune"], "disagreement": 0.3}}],
+        ),
+        "hydra taylor pruned + disagreement 1.0": (
+            "taylor",
+            [taylor, _hydra("pruned"), {"finetune": {**tune["finetune"], "disagreement": 1.0}}],
+        ),
+        "hydra circuit pruned, objective per member": (
+            "circuit-mixed",
+            [_prune("gradient_free", metric=["nll", "auroc", "nll+auroc"]), _hydra("pruned"), tune],
+        ),
+        "hydra taylor pruned, MLP 0.4 each": ("taylor", [taylor, _hydra("pruned", mlp_keep_ratio=0.4), tune]),
+        "hydra taylor pruned, MLP 0.5 each": ("taylor", [taylor, _hydra("pruned", mlp_keep_ratio=0.5), tune]),
+        "hydra taylor pruned, M=2": ("taylor-m2", [_prune("taylor", 2), _hydra("pruned"), tune]),
+        "hydra taylor pruned, M=4": ("taylor-m4", [_prune("taylor", 4), _hydra("pruned"), tune]),
+        "hydra taylor pruned, keep 1/3 heads": ("taylor-k33", [_prune("taylor", keep=1 / 3), _hydra("pruned"), tune]),
+    }
+    return rows
+
+
+ROW_SETS = {
+    "main": [
+        "single taylor-pruned",
+        "single circuit-pruned",
+        "hydra taylor average",
+        "hydra taylor grouped",
+        "hydra taylor pruned",
+        "hydra circuit average",
+        "hydra circuit grouped",
+        "hydra circuit pruned",
+    ],
+    "check": ["single taylor-pruned", "hydra taylor pruned", "hydra taylor pruned + members tuned separately"],
+}
+
+
+def text_rows(ft: int) -> dict[str, tuple[str | None, list[dict]]]:
+    tune = {"finetune": {"target": "merged", "steps": ft, "lr": 1e-4, "eval_every": 20, "patience": 3}}
+    taylor = _prune("taylor")
     return {
-        "baselines": [{"evaluate": {"baselines": ["base", "deep_ensemble", "mc_dropout"], "plots": False}}],
-        "single taylor-pruned": [{"prune": {"pruner": "taylor", "members": 1, "keep_ratio": 0.5}}, plain, ft],
-        "single circuit-pruned": [{"prune": {"pruner": "gradient_free", "members": 1, "keep_ratio": 0.5}}, plain, ft],
-        "hydra taylor": [{"prune": {"pruner": "taylor", "members": members, "keep_ratio": 0.5}}, hydra, ft],
-        "hydra circuit": [{"prune": {"pruner": "gradient_free", "members": members, "keep_ratio": 0.5}}, hydra, ft],
-        "hydra random": [{"prune": {"pruner": "random", "members": members, "keep_ratio": 0.5}}, hydra, ft],
-        "hydra disjoint": [{"prune": {"pruner": "disjoint", "members": members, "rank_by": "taylor"}}, hydra, ft],
+        "single taylor-pruned": ("taylor1", [_prune("taylor", 1), {"merge": {"merger": "plain"}}, tune]),
+        "hydra taylor average": ("taylor", [taylor, _hydra("average"), tune]),
+        "hydra taylor pruned": ("taylor", [taylor, _hydra("pruned"), tune]),
     }
 
 
-def run_seed(seed: int, members: int, ft_steps: int, out: Path) -> dict[str, dict]:
-    base_recipe = yaml.safe_load((ROOT / "recipes" / "vit_hydra.yaml").read_text())
-    rows: dict[str, dict] = {}
-    for name, steps in variants(members, ft_steps).items():
-        raw = copy.deepcopy(base_recipe)
-        raw["seed"] = seed
-        if name != "baselines":
-            steps = steps + [{"evaluate": {"baselines": ["base"], "plots": False}}]
-        raw["steps"] = steps
-        recipe = validate_recipe(raw, where=f"uq_table:{name}")
-        state = Runner(recipe, out / f"seed{seed}" / name.replace(" ", "_"), quiet=True).run()
-        for model_name, row in state.metrics["summary"].items():
-            label = model_name if name == "baselines" else name
-            if name != "baselines" and model_name == "base":
-                continue
-            rows[label] = row
-        print(f"seed {seed}: {name} done", flush=True)
-    return rows
+def base_recipe(text: bool) -> dict:
+    if not text:
+        return yaml.safe_load((ROOT / "recipes" / "vit_hydra.yaml").read_text())
+    raw = yaml.safe_load((ROOT / "recipes" / "bert_hydra.yaml").read_text())
+    # the whole encoder fine-tuned (not only the head) for the base and each Deep Ensemble member
+    raw["model"]["train_base"] = {"steps": 120, "batch_size": 32, "lr": 5e-5, "eval_every": 40, "trainable": "all"}
+    raw["data"].update(max_length=32, batch_size=128, calibration_samples=256)
+    return raw
+
+
+def run_row(raw: dict, name: str, steps: list[dict], out: Path, baselines: list[str]) -> dict[str, dict]:
+    raw = copy.deepcopy(raw)
+    raw["steps"] = steps + [{"evaluate": {"baselines": baselines, "plots": False}}]
+    recipe = validate_recipe(raw, where=f"uq_table:{name}")
+    ctx = Runner(recipe, out, quiet=True).run()
+    return ctx.metrics["summary"]
+
+
+def run_seed(args: argparse.Namespace, seed: int, rows: dict, out: Path) -> dict[str, dict]:
+    raw = base_recipe(args.text)
+    raw["seed"] = seed
+    raw["cache_dir"] = str(out / ".cache")
+    if args.in_classes:
+        raw["data"]["in_classes"] = args.in_classes
+    result: dict[str, dict] = {}
+    t0 = time.time()
+    baselines = ["base", "deep_ensemble"] + ([] if args.text else ["mc_dropout"])
+    for model_name, row in run_row(raw, "baselines", [], out / f"seed{seed}" / "baselines", baselines).items():
+        result[model_name] = row
+    print(f"seed {seed}: baselines done ({time.time() - t0:.0f}s)", flush=True)
+    masks: dict[str, Path] = {}
+    for name, (key, steps) in rows.items():
+        folder = out / f"seed{seed}" / name.replace(" ", "_").replace(",", "").replace("/", "-")
+        steps = copy.deepcopy(steps)
+        prune = steps[0]["prune"]
+        if key in masks:  # the same masks as an earlier row: reuse them
+            kept = {k: prune[k] for k in ("members", "mlp_keep_ratio") if k in prune}
+            steps[0] = {"prune": {"pruner": "file", "path": str(masks[key]), **kept}}
+        t = time.time()
+        summary = run_row(raw, name, steps, folder, ["base"])
+        if key is not None and key not in masks:
+            masks[key] = folder / "masks.json"
+        result[name] = next(r for m, r in summary.items() if m != "base")
+        print(f"seed {seed}: {name} done ({time.time() - t:.0f}s)", flush=True)
+    return result
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--members", type=int, default=3)
+    p.add_argument("--rows", default="all", help="all, main, check, or row names separated by ';'")
     p.add_argument("--finetune-steps", type=int, default=100)
+    p.add_argument("--in-classes", nargs="+", type=int, default=None, help="digits: in-distribution classes")
+    p.add_argument("--text", action="store_true", help="MiniLM on the bundled Rotten Tomatoes sample")
     p.add_argument("--out", default="runs/uq_table")
+    p.add_argument("--tag", default=None, help="results file name (default: digits or text, plus the split)")
     args = p.parse_args()
+    every = text_rows(args.finetune_steps) if args.text else digit_rows(args.finetune_steps)
+    wanted = list(every) if args.rows == "all" else ROW_SETS.get(args.rows) or args.rows.split(";")
+    rows = {n: every[n] for n in wanted}
     out = Path(args.out)
-    per_seed = [run_seed(s, args.members, args.finetune_steps, out) for s in args.seeds]
+    t0 = time.time()
+    per_seed = [run_seed(args, s, rows, out) for s in args.seeds]
     names = list(per_seed[0])
     mean = {n: {k: float(np.mean([r[n][k] for r in per_seed])) for k in per_seed[0][n]} for n in names}
     std = {n: {k: float(np.std([r[n][k] for r in per_seed])) for k in per_seed[0][n]} for n in names}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "uq_table.json").write_text(json.dumps({"seeds": args.seeds, "mean": mean, "std": std}, indent=1))
-    print(f"\nmean ± std over seeds {args.seeds}; OOD = max-softmax score averaged over digits 8-9 and photo crops\n")
-    print(markdown_table(mean, std))
+    tag = args.tag or (
+        "text" if args.text else "digits" + ("" if not args.in_classes else "_in" + "".join(map(str, args.in_classes)))
+    )
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    payload = {"seeds": args.seeds, "rows": wanted, "mean": mean, "std": std, "per_seed": per_seed}
+    payload["minutes"] = round((time.time() - t0) / 60, 1)
+    (RESULTS / f"uq_table_{tag}.json").write_text(json.dumps(payload, indent=1))
+    table = markdown_table(mean, std)
+    (RESULTS / f"uq_table_{tag}.md").write_text(table)
+    print(f"\nmean ± std over seeds {args.seeds} ({payload['minutes']} min)\n")
+    print(table)
 
 
 if __name__ == "__main__":

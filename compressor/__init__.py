@@ -12,11 +12,19 @@ from compressor.registry import register_importance, register_merger, register_p
 __version__ = "0.1.0"
 
 
-def load(path, map_location: str = "cpu"):
-    """Rebuild a model exported by the `export` step (any merger) from its folder."""
+def load(path, device: str = "cpu", map_location: str | None = None):
+    """Rebuild a model exported by the `export` step (any merger) from its folder, on `device`
+    (the CPU by default; `map_location` is the older name of the same argument)."""
     from compressor.export import load_export
 
-    return load_export(path, map_location=map_location)
+    return load_export(path, map_location=map_location or device)
+
+
+def predict_inputs(export, inputs, batch_size: int = 64, top_k: int = 3, device: str = "cpu") -> list[dict]:
+    """Per-sample predictions with uncertainty and an OOD flag (what `compressor predict` writes)."""
+    from compressor.predict import predict_inputs as run
+
+    return run(export, inputs, batch_size, top_k, device)
 
 
 __all__ = [
@@ -27,6 +35,7 @@ __all__ = [
     "Pruner",
     "__version__",
     "load",
+    "predict_inputs",
     "load_masks",
     "register_importance",
     "register_merger",

@@ -39,7 +39,7 @@ def baseline_models(ctx: RunContext, names: list[str], size: int | None) -> dict
         elif name == "deep_ensemble":
             r = ctx.recipe
             models = [ctx.base] + [
-                build_base(r.model, ctx.data, r.data, r.seed + 1000 * (i + 1), ctx.cache_dir)
+                build_base(r.model, ctx.data, r.data, r.seed + 1000 * (i + 1), ctx.cache_dir, device=ctx.device)
                 for i in range((size or m) - 1)
             ]
             out[f"deep_ensemble x{len(models)}"] = DeepEnsemble(models)

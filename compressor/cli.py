@@ -18,6 +18,7 @@ EPILOG = """examples:
   compressor apply recipes/vit_hydra.yaml
   compressor apply recipes/vit_prune.yaml --out runs/try1 --set steps.0.prune.keep_ratio=0.25
   compressor validate recipes/vit_hydra.yaml
+  compressor predict runs/vit_hydra/export my_images/ --out predictions.csv
   compressor list
 """
 
@@ -52,6 +53,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     v.add_argument("recipe", metavar="RECIPE")
     v.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
+    pr = sub.add_parser(
+        "predict",
+        help="per-sample predictions with uncertainty and an OOD flag, from an export",
+        description="Predict INPUTS (an image folder or a file listing images; for text models a .txt "
+        "file, one sentence per line, or .jsonl with a 'text' field) with the model exported in EXPORT.",
+    )
+    pr.add_argument("export", metavar="EXPORT", help="an export folder (runs/<name>/export)")
+    pr.add_argument("inputs", metavar="INPUTS")
+    pr.add_argument(
+        "--out", metavar="FILE", help="write CSV, or JSONL when FILE ends in .jsonl (default: CSV on stdout)"
+    )
+    pr.add_argument("--batch-size", type=int, default=64)
+    pr.add_argument("--top-k", type=int, default=3)
+    pr.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     sub.add_parser("list", help="registered steps, pruners, importances, mergers and model families")
     return p
 
@@ -73,6 +88,21 @@ def cmd_validate(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe, args.overrides)
     Runner(recipe, quiet=True).check()
     print(f"{args.recipe}: ok ({len(recipe.steps)} steps: {', '.join(k for k, _ in recipe.steps)})")
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from compressor.predict import predict_inputs, write_predictions
+
+    rows = predict_inputs(args.export, args.inputs, args.batch_size, args.top_k, args.device, progress=True)
+    text = write_predictions(rows, Path(args.out) if args.out else None)
+    if args.out:
+        flagged = sum(1 for r in rows if r["ood"])
+        print(f"{len(rows)} predictions -> {args.out} ({flagged} flagged OOD)", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
     return 0
 
 
@@ -101,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_list()
         if args.command == "validate":
             return cmd_validate(args)
+        if args.command == "predict":
+            return cmd_predict(args)
         return cmd_apply(args)
     except CompressorError as e:
         if args.debug:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from compressor.data import DataBundle, batches
@@ -25,6 +26,7 @@ class RunContext:
     base: nn.Module
     say: Callable[[str], None] = print
     cache_dir: Path | None = None  # where trained base models are cached
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     masks: list[HeadMask] | None = None
     scores: list | None = None  # per member, per block head scores of the last prune step
     members: list[nn.Module] | None = None  # fine-tuned (head-masked) members
@@ -43,3 +45,9 @@ class RunContext:
         d = self.recipe.data
         calib = batches(self.data.train, d["batch_size"], limit=d["calibration_samples"])
         return calib, batches(self.data.val, d["batch_size"])
+
+    def outlier_batches(self) -> list | None:
+        """Batches of validation outlier inputs (never a test OOD set), or None when there are none."""
+        if self.data.ood_val is None:
+            return None
+        return [b[0] for b in batches(self.data.ood_val, self.recipe.data["batch_size"])]

@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset, TensorDataset
 
 from compressor.distributed import local_batch_size, rank, real_samples, sampler
+from compressor.outliers import OutlierMaker, shuffle_patches, synthetic_outliers
 
 DIGITS_MEAN, DIGITS_STD = 0.3, 0.4
 
@@ -33,6 +34,10 @@ class DataBundle:
     class_names: list[str] = field(default_factory=list)
     in_chans: int = 1
     img_size: int = 16
+    ood_val: Dataset | None = None  # validation outliers (unlabelled; never a test OOD set)
+    ood_kinds: dict[str, str] = field(default_factory=dict)  # OOD set name -> "near" or "far"
+    preprocessing: dict = field(default_factory=dict)  # how raw inputs become model inputs (exports record it)
+    make_outliers: OutlierMaker | None = None  # synthetic outliers from a batch of training inputs
 
     @property
     def num_classes(self) -> int:
@@ -112,10 +117,8 @@ def digits_bundle(
     tr, va, te = _split(len(y_in), (0.6, 0.15, 0.25), seed)
     test_x, test_y = x_in[te], y_in[te]
     x_out = _prepare(images[~is_in], img_size)
-    ood = {
-        "digits_" + "".join(str(c) for c in sorted(set(range(10)) - set(in_classes))): TensorDataset(x_out),
-        "photos": TensorDataset(photo_crops(n_photo_crops, img_size, seed)),
-    }
+    near = "digits_" + "".join(str(c) for c in sorted(set(range(10)) - set(in_classes)))
+    ood = {near: TensorDataset(x_out), "photos": TensorDataset(photo_crops(n_photo_crops, img_size, seed))}
     shift = {k: TensorDataset(corrupt(test_x, k, seed), test_y) for k in corruptions}
     return DataBundle(
         train=TensorDataset(x_in[tr], y_in[tr]),
@@ -126,16 +129,40 @@ def digits_bundle(
         class_names=[str(c) for c in in_classes],
         in_chans=1,
         img_size=img_size,
+        ood_val=synthetic_outliers(x_in[va], shuffle_patches, seed),
+        make_outliers=shuffle_patches,
+        ood_kinds={near: "near", "photos": "far"},
+        preprocessing=digits_preprocessing(img_size),
     )
 
 
+def digits_preprocessing(img_size: int) -> dict:
+    """How an image file becomes a digits-model input: grey, resized to img_size, x / 255 scaled
+    like the 0..16 digits ((x - 0.3) / 0.4). A timm data config (timm.data.create_transform)."""
+    return {
+        "kind": "image",
+        "input_size": [1, img_size, img_size],
+        "interpolation": "bilinear",
+        "mean": [DIGITS_MEAN],
+        "std": [DIGITS_STD],
+        "crop_pct": 1.0,
+        "crop_mode": "center",
+    }
+
+
 def image_folder_bundle(
-    root: str, model: torch.nn.Module, ood_roots: Sequence[str] = (), val_fraction: float = 0.1, seed: int = 0
+    root: str,
+    model: torch.nn.Module,
+    ood_roots: Sequence[str] = (),
+    val_fraction: float = 0.1,
+    seed: int = 0,
+    ood_val_roots: Sequence[str] = (),
 ) -> DataBundle:
     """A user's image folder (`root/train/<class>/*`, `root/val/<class>/*`) read with torchvision.
 
     Transforms follow the model's timm data config, so a pretrained timm model sees what it expects.
-    `ood_roots` are folders of images (any class layout) used as OOD sets.
+    `ood_roots` are folders of images (any class layout) used as test OOD sets; `ood_val_roots`
+    folders of validation outliers (default: patch-shuffled held-out images).
     """
     import timm.data
     from torchvision.datasets import ImageFolder
@@ -149,14 +176,22 @@ def image_folder_bundle(
     val_idx, tr_idx = _split(len(train), (val_fraction, 1 - val_fraction), seed)
     val_full = ImageFolder(str(root_p / "train"), transform=tf_eval)
     ood = {Path(r).name: _Unlabelled(ImageFolder(r, transform=tf_eval)) for r in ood_roots}
+    val = Subset(val_full, val_idx.tolist())
+    if ood_val_roots:
+        ood_val = ConcatDataset([_Unlabelled(ImageFolder(r, transform=tf_eval)) for r in ood_val_roots])
+    else:
+        ood_val = synthetic_outliers(torch.stack([val[i][0] for i in range(len(val))]), shuffle_patches, seed)
     return DataBundle(
         train=Subset(train, tr_idx.tolist()),
-        val=Subset(val_full, val_idx.tolist()),
+        val=val,
         test=test,
         ood=ood,
         class_names=list(train.classes),
         in_chans=int(cfg["input_size"][0]),
         img_size=int(cfg["input_size"][-1]),
+        ood_val=ood_val,
+        make_outliers=shuffle_patches,
+        preprocessing={"kind": "image", **{k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}},
     )
 
 
@@ -175,12 +210,16 @@ def load_bundle(data_cfg: dict, model_name: str, model: torch.nn.Module | None =
     """The recipe's data: digits, a user's image folder (transforms follow `model`), or the
     bundled text sample tokenised for transformers model `model_name`."""
     if data_cfg["source"] == "digits":
-        return digits_bundle(img_size=data_cfg["img_size"], seed=data_cfg["seed"])
+        return digits_bundle(img_size=data_cfg["img_size"], in_classes=data_cfg["in_classes"], seed=data_cfg["seed"])
     if data_cfg["source"] == "text":
         from compressor.text import text_bundle
 
-        return text_bundle(model_name, data_cfg["max_length"], seed=data_cfg["seed"])
-    return image_folder_bundle(data_cfg["root"], model, data_cfg["ood_roots"], seed=data_cfg["seed"])
+        return text_bundle(
+            model_name, data_cfg["max_length"], seed=data_cfg["seed"], ood_val_file=data_cfg["ood_val_file"]
+        )
+    return image_folder_bundle(
+        data_cfg["root"], model, data_cfg["ood_roots"], seed=data_cfg["seed"], ood_val_roots=data_cfg["ood_val_roots"]
+    )
 
 
 def loader(ds: Dataset, batch_size: int, shuffle: bool = False, seed: int = 0, epoch: int = 0) -> DataLoader:

@@ -79,10 +79,20 @@ def real_samples(n: int) -> int:
     return len(range(r, n, w))
 
 
+def _on_comm_device(t: torch.Tensor) -> torch.Tensor:
+    """`t` where the backend communicates: NCCL only moves CUDA tensors, gloo CPU ones."""
+    if dist.get_backend() == "nccl":
+        return t.cuda() if t.device.type != "cuda" else t
+    return t.cpu() if t.device.type != "cpu" else t
+
+
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     """Sum of `t` over ranks (in place; returned for chaining)."""
     if is_distributed():
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        x = _on_comm_device(t)
+        dist.all_reduce(x, op=dist.ReduceOp.SUM)
+        if x is not t:
+            t.copy_(x)
     return t
 
 
@@ -95,10 +105,24 @@ def gather_sampled(t: torch.Tensor, n: int, dim: int = 0) -> torch.Tensor:
     """
     if not is_distributed():
         return t.narrow(dim, 0, n)
-    t = t.contiguous()
-    parts = [torch.empty_like(t) for _ in range(world_size())]
-    dist.all_gather(parts, t)
-    return torch.stack(parts, dim=dim + 1).flatten(dim, dim + 1).narrow(dim, 0, n)
+    x = _on_comm_device(t.contiguous())
+    parts = [torch.empty_like(x) for _ in range(world_size())]
+    dist.all_gather(parts, x)
+    return torch.stack(parts, dim=dim + 1).flatten(dim, dim + 1).narrow(dim, 0, n).to(t.device)
+
+
+def gather_varlen(t: torch.Tensor) -> torch.Tensor:
+    """Every rank's 1-D tensor `t` (lengths may differ), concatenated in rank order, on every rank."""
+    if not is_distributed():
+        return t
+    sizes = [_on_comm_device(torch.zeros(1, dtype=torch.long)) for _ in range(world_size())]
+    dist.all_gather(sizes, _on_comm_device(torch.tensor([t.numel()], dtype=torch.long)))
+    longest = int(max(s.item() for s in sizes))
+    padded = _on_comm_device(torch.zeros(longest, dtype=t.dtype))
+    padded[: t.numel()] = t
+    parts = [torch.empty_like(padded) for _ in range(world_size())]
+    dist.all_gather(parts, padded)
+    return torch.cat([p[: int(n.item())] for p, n in zip(parts, sizes)]).to(t.device)
 
 
 def all_true(flag: bool) -> bool:

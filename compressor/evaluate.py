@@ -11,9 +11,10 @@ import torch
 from torch import nn
 
 from compressor.data import DataBundle
+from compressor.device import model_device, synchronize
+from compressor.inference import predict
 from compressor.io import atomic_write_text
 from compressor.metrics import classification_report, ood_report
-from compressor.predict import predict
 
 SUMMARY_COLUMNS = [
     ("acc", "accuracy"),
@@ -25,9 +26,17 @@ SUMMARY_COLUMNS = [
     ("AUPR", "aupr_msp"),
     ("FPR95", "fpr95_msp"),
     ("AUROC(MI)", "auroc_mi"),
+    ("AUROC near", "auroc_near"),
+    ("AUROC far", "auroc_far"),
+    ("AURC", "aurc"),
+    ("disagree", "disagreement"),
     ("shift acc", "shift_accuracy"),
     ("shift NLL", "shift_nll"),
+    ("shift ECE", "shift_ece"),
     ("params", "params"),
+    ("params x", "params_ratio"),
+    ("MFLOPs", "mflops"),
+    ("FLOPs x", "flops_ratio"),
     ("latency x", "latency_ratio"),
 ]
 
@@ -37,24 +46,53 @@ def count_params(model: nn.Module) -> int:
 
 
 @torch.no_grad()
-def median_latency(model: nn.Module, x: torch.Tensor, repeats: int = 7) -> float:
+def flops_per_sample(model: nn.Module, x: torch.Tensor) -> float:
+    """FLOPs of one forward pass per sample, counted by torch.utils.flop_counter.FlopCounterMode
+    (matrix multiplications, convolutions and attention; elementwise work is not counted)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    was_training = model.training
     model.eval()
+    try:
+        with FlopCounterMode(display=False) as counter:
+            model(x.to(model_device(model)))
+    finally:
+        model.train(was_training)
+    return counter.get_total_flops() / len(x)
+
+
+@torch.no_grad()
+def median_latency(model: nn.Module, x: torch.Tensor, repeats: int = 7) -> float:
+    """Median wall time of a forward pass over `repeats` (after one warm-up), GPU work waited for."""
+    model.eval()
+    device = model_device(model)
+    x = x.to(device)
     model(x)
     times = []
     for _ in range(repeats):
+        synchronize(device)
         t0 = time.perf_counter()
         model(x)
+        synchronize(device)
         times.append(time.perf_counter() - t0)
     return float(np.median(times))
 
 
-def evaluate_model(model: nn.Module, data: DataBundle, batch_size: int = 256) -> dict:
-    """Test, OOD and shift metrics of one model (ensemble metrics from its member probabilities)."""
+def evaluate_model(model: nn.Module, data: DataBundle, batch_size: int = 256, keep: dict | None = None) -> dict:
+    """Test, OOD and shift metrics of one model (ensemble metrics from its member probabilities).
+
+    `keep`, when given, receives the member probabilities behind them (for plots): keep["test"] =
+    (probs, labels), keep["ood"][name] = probs.
+    """
     probs, labels = predict(model, data.test, batch_size)
-    out: dict = {"test": classification_report(probs, labels), "ood": {}, "shift": {}}
+    out: dict = {"test": classification_report(probs, labels), "ood": {}, "shift": {}, "ood_kind": data.ood_kinds}
+    if keep is not None:
+        keep["test"], keep["ood"] = (probs, labels), {}
     for name, ds in data.ood.items():
         p_out, _ = predict(model, ds, batch_size)
         out["ood"][name] = ood_report(probs, p_out)
+        if keep is not None:
+            keep["ood"][name] = p_out
     for name, ds in data.shift.items():
         p, y = predict(model, ds, batch_size)
         out["shift"][name] = classification_report(p, y)
@@ -68,10 +106,17 @@ def summarize(result: dict) -> dict[str, float]:
         keys = next(iter(result["ood"].values())).keys()
         for k in keys:
             row[k] = float(np.mean([r[k] for r in result["ood"].values()]))
+        kinds = result.get("ood_kind") or {}
+        for kind in ("near", "far"):
+            sets = [r for name, r in result["ood"].items() if kinds.get(name) == kind]
+            for k in ("auroc_msp", "fpr95_msp"):
+                if sets:
+                    row[f"{k.split('_')[0]}_{kind}"] = float(np.mean([r[k] for r in sets]))
     if result["shift"]:
         row["shift_accuracy"] = float(np.mean([r["accuracy"] for r in result["shift"].values()]))
         row["shift_nll"] = float(np.mean([r["nll"] for r in result["shift"].values()]))
-    for k in ("params", "latency_ratio"):
+        row["shift_ece"] = float(np.mean([r["ece"] for r in result["shift"].values()]))
+    for k in ("params", "params_ratio", "mflops", "flops_ratio", "latency_ratio"):
         if k in result:
             row[k] = result[k]
     return row
@@ -90,7 +135,7 @@ def markdown_table(rows: dict[str, dict[str, float]], std: dict[str, dict[str, f
             elif k == "params":
                 cells.append(f"{v / 1e6:.2f}M")
             else:
-                s = f"{v:.3f}" if k != "latency_ratio" else f"{v:.2f}"
+                s = f"{v:.2f}" if k in ("latency_ratio", "params_ratio", "flops_ratio", "mflops") else f"{v:.3f}"
                 if std and name in std and k in std[name]:
                     s += f" ± {std[name][k]:.3f}"
                 cells.append(s)
@@ -107,27 +152,31 @@ def evaluate_models(
     write: bool = True,
 ) -> dict:
     """Evaluate every model; write metrics.json and metrics.md under `out_dir` (if `write`); return them."""
-    results = {}
+    results, arrays = {}, {}
     x = next(iter(torch.utils.data.DataLoader(data.test, batch_size=64)))[0]
     latencies = {}
     for name, model in models.items():
-        res = evaluate_model(model, data, batch_size)
+        arrays[name] = {}
+        res = evaluate_model(model, data, batch_size, keep=arrays[name])
         res["params"] = count_params(model)
+        res["mflops"] = flops_per_sample(model, x[:16]) / 1e6
         latencies[name] = median_latency(model, x)
         results[name] = res
     ref = reference if reference in latencies else next(iter(latencies))
-    for name in results:
-        results[name]["latency_ratio"] = latencies[name] / latencies[ref]
+    for name, res in results.items():
+        res["latency_ratio"] = latencies[name] / latencies[ref]
+        res["params_ratio"] = res["params"] / results[ref]["params"]
+        res["flops_ratio"] = res["mflops"] / results[ref]["mflops"]
     rows = {name: summarize(r) for name, r in results.items()}
     table = markdown_table(rows)
     if not write:
-        return {"results": results, "summary": rows, "table": table}
+        return {"results": results, "summary": rows, "table": table, "arrays": arrays}
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / "metrics.json", json.dumps({"models": results, "summary": rows}, indent=1))
     note = (
         f"\nOOD columns use the max-softmax score, averaged over OOD sets ({', '.join(data.ood)}); "
-        f"shift columns average {', '.join(data.shift)}; latency is the median at batch 64 relative to "
-        f"'{ref}'.\n"
+        f"shift columns average {', '.join(data.shift)}; FLOPs per sample are counted by "
+        f"torch.utils.flop_counter.FlopCounterMode; latency is the median at batch 64; ratios are to '{ref}'.\n"
     )
     atomic_write_text(out_dir / "metrics.md", table + note)
-    return {"results": results, "summary": rows, "table": table}
+    return {"results": results, "summary": rows, "table": table, "arrays": arrays}

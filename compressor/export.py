@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from compressor.calibration import Calibrated
 from compressor.errors import ExportError, PluginError, WeightsError
 from compressor.io import atomic_dir
 from compressor.masks import HeadMask, save_masks
@@ -53,9 +54,17 @@ def export_model(
     class_names: Sequence[str] = (),
     onnx_input: torch.Tensor | None = None,
     merger: str | None = None,
+    preprocessing: dict | None = None,
 ) -> Path:
-    """Write the export folder for `model` (built by `merger`, found by `owning_merger` if None)."""
+    """Write the export folder for `model` (built by `merger`, found by `owning_merger` if None).
+
+    `preprocessing` (a DataBundle's) says how raw inputs become model inputs: a timm data config
+    for images, or a tokenizer (its files are copied into the export) and a max length for text.
+    """
     out_dir = Path(out_dir)
+    calibration = None
+    if isinstance(model, Calibrated):  # the weights are the inner model's; the calibration is config
+        model, calibration = model.model, model.config()
     name = merger if merger is not None and ":" not in merger else owning_merger(model)
     merger_cls = resolve("merger", name)
     config = {
@@ -63,6 +72,8 @@ def export_model(
         "kind": name,
         **merger_cls.describe(model),
         "class_names": list(class_names),
+        "calibration": calibration,
+        "preprocessing": _portable(preprocessing),
         "versions": library_versions(),
         "masks": [m.to_dict() for m in masks] if masks else None,
     }
@@ -72,11 +83,22 @@ def export_model(
         if masks:
             save_masks(tmp / "masks.json", masks)
         merger_cls.write_extras(model, tmp, masks or [])
+        if preprocessing and preprocessing.get("kind") == "text":
+            from transformers import AutoTokenizer
+
+            AutoTokenizer.from_pretrained(preprocessing["tokenizer"]).save_pretrained(str(tmp / "tokenizer"))
         if onnx_input is not None:
             from compressor.onnx_export import export_onnx
 
             export_onnx(model, onnx_input, tmp / "model.onnx")
     return out_dir
+
+
+def _portable(preprocessing: dict | None) -> dict | None:
+    """The preprocessing as the export records it (a text model's tokenizer: the export's copy)."""
+    if not preprocessing:
+        return None
+    return {**preprocessing, "tokenizer": "tokenizer"} if preprocessing.get("kind") == "text" else dict(preprocessing)
 
 
 def _read_config(path: Path) -> dict:
@@ -116,5 +138,24 @@ def load_export(path: str | Path, map_location: str = "cpu") -> nn.Module:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
         raise WeightsError(f"{path / 'model.safetensors'}: weights do not fit config.json ({e})") from e
+    calibration = cfg.get("calibration")
+    if calibration:
+        model = Calibrated(model, torch.tensor(calibration["temperature"]), calibration.get("ood"))
     model.class_names = cfg.get("class_names") or []
+    model.preprocessing = _attach_preprocessing(model, cfg.get("preprocessing"), path)
     return model.to(map_location).eval()
+
+
+def _attach_preprocessing(model: nn.Module, preprocessing: dict | None, path: Path) -> dict:
+    """The recorded preprocessing, with a text model's tokenizer at its place in the export; an
+    image model's settings also go into `pretrained_cfg`, where timm.data.resolve_data_config
+    reads them."""
+    if not preprocessing:
+        return {}
+    if preprocessing.get("kind") == "text":
+        return {**preprocessing, "tokenizer": str(path / str(preprocessing.get("tokenizer", "tokenizer")))}
+    target = model.model if isinstance(model, Calibrated) else model
+    settings = {k: tuple(v) if isinstance(v, list) else v for k, v in preprocessing.items() if k != "kind"}
+    for m in {id(model): model, id(target): target}.values():
+        m.pretrained_cfg = {**(getattr(m, "pretrained_cfg", None) or {}), **settings}
+    return dict(preprocessing)

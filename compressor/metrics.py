@@ -1,6 +1,8 @@
 """Accuracy, calibration, OOD-detection and ensemble-diversity metrics.
 
-All functions take numpy arrays or tensors of probabilities (never logits) and return floats.
+All functions take numpy arrays or tensors of probabilities (never logits: rows that do not sum to
+1 raise a ValueError naming the function) and return floats; per-sample work runs in row chunks,
+so 1M samples x 1,000 classes fit in memory.
 `probs` is [N, C]; ensemble functions take `member_probs` [M, N, C]. OOD scores follow the
 convention "higher = more likely OOD" and the OOD set is the positive class for AUROC/AUPR.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 EPS = 1e-12
+CHUNK = 1 << 16  # rows per chunk: per-sample work never holds more than a chunk in float64
 
 
 def _np(a) -> np.ndarray:
@@ -18,41 +21,82 @@ def _np(a) -> np.ndarray:
     return np.asarray(a, dtype=np.float64)
 
 
+def _array(a) -> np.ndarray:
+    """`a` as a numpy array without a float64 copy (a tensor becomes a view of its data)."""
+    if hasattr(a, "detach"):
+        a = a.detach().cpu()
+        return (a.float() if a.dtype in (np.float16, __import__("torch").bfloat16) else a).numpy()
+    return np.asarray(a)
+
+
+def _rows(probs, fn: str):
+    """Yield float64 chunks of the rows of `probs` [N, C], checking that they are probabilities."""
+    p = _array(probs)
+    if p.ndim != 2:
+        raise ValueError(f"{fn}: expected probabilities [N, C], got shape {tuple(p.shape)}")
+    for start in range(0, len(p), CHUNK):
+        chunk = np.asarray(p[start : start + CHUNK], dtype=np.float64)
+        sums = chunk.sum(-1)
+        if chunk.size and (chunk.min() < -1e-6 or np.abs(sums - 1).max() > 1e-3):
+            raise ValueError(
+                f"{fn}: expected probabilities (rows in [0, 1] summing to 1); got rows summing to "
+                f"{sums.min():.3g}..{sums.max():.3g}: logits? apply softmax first"
+            )
+        yield start, chunk
+
+
+def _top(probs, fn: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per sample, the top-label confidence and the predicted class."""
+    conf, pred = [], []
+    for _, c in _rows(probs, fn):
+        conf.append(c.max(-1))
+        pred.append(c.argmax(-1))
+    return np.concatenate(conf) if conf else np.zeros(0), np.concatenate(pred) if pred else np.zeros(0, int)
+
+
 def accuracy(probs, labels) -> float:
-    return float((_np(probs).argmax(-1) == _np(labels)).mean())
+    _, pred = _top(probs, "accuracy")
+    return float((pred == _np(labels)).mean())
 
 
 def nll(probs, labels) -> float:
-    """Mean negative log-likelihood of the true class."""
-    p, y = _np(probs), _np(labels).astype(int)
-    return float(-np.log(np.clip(p[np.arange(len(y)), y], EPS, 1.0)).mean())
+    """Mean negative log-likelihood of the true class (probabilities clipped at 1e-12)."""
+    y = _np(labels).astype(int)
+    true = np.concatenate([c[np.arange(len(c)), y[s : s + len(c)]] for s, c in _rows(probs, "nll")])
+    return float(-np.log(np.clip(true, EPS, 1.0)).mean())
 
 
 def brier(probs, labels) -> float:
-    """Mean over samples of sum over classes of (p - onehot)^2 (range 0..2)."""
-    p, y = _np(probs), _np(labels).astype(int)
-    onehot = np.eye(p.shape[1])[y]
-    return float(((p - onehot) ** 2).sum(-1).mean())
+    """Mean over samples of sum over classes of (p - onehot)^2 (range 0..2), computed as
+    sum_c p_c^2 - 2 p_y + 1 per sample (no one-hot matrix)."""
+    y = _np(labels).astype(int)
+    total = 0.0
+    for s, c in _rows(probs, "brier"):
+        total += float((np.einsum("ij,ij->i", c, c) - 2 * c[np.arange(len(c)), y[s : s + len(c)]] + 1).sum())
+    return total / len(y)
+
+
+def _bin_index(conf: np.ndarray, bins: int) -> np.ndarray:
+    """Equal-width bins closed on the right, (a, b] (Guo et al. 2017); 0 goes in the first bin.
+    (torchmetrics and torch-uncertainty put a confidence on an edge in the upper bin instead.)"""
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    return np.clip(np.searchsorted(edges, conf, side="left") - 1, 0, bins - 1)
 
 
 def ece(probs, labels, bins: int = 15) -> float:
-    """Top-label expected calibration error with `bins` equal-width confidence bins (lo, hi]."""
-    p, y = _np(probs), _np(labels).astype(int)
-    conf, correct = p.max(-1), (p.argmax(-1) == y).astype(float)
-    edges = np.linspace(0.0, 1.0, bins + 1)
-    idx = np.clip(np.searchsorted(edges, conf, side="left") - 1, 0, bins - 1)
-    total = 0.0
-    for b in range(bins):
-        sel = idx == b
-        if sel.any():
-            total += sel.mean() * abs(correct[sel].mean() - conf[sel].mean())
-    return float(total)
+    """Top-label expected calibration error with `bins` equal-width confidence bins (a, b]."""
+    conf, pred = _top(probs, "ece")
+    correct = (pred == _np(labels)).astype(float)
+    idx = _bin_index(conf, bins)
+    counts = np.bincount(idx, minlength=bins)
+    gap = np.abs(np.bincount(idx, correct, bins) - np.bincount(idx, conf, bins))
+    return float(gap.sum() / max(len(conf), 1)) if counts.any() else 0.0
 
 
 def adaptive_ece(probs, labels, bins: int = 15) -> float:
     """Top-label ECE with equal-mass bins (samples sorted by confidence, split into `bins`)."""
-    p, y = _np(probs), _np(labels).astype(int)
-    conf, correct = p.max(-1), (p.argmax(-1) == y).astype(float)
+    conf, pred = _top(probs, "adaptive_ece")
+    correct = (pred == _np(labels)).astype(float)
     order = np.argsort(conf, kind="stable")
     total = 0.0
     for chunk in np.array_split(order, bins):
@@ -62,11 +106,10 @@ def adaptive_ece(probs, labels, bins: int = 15) -> float:
 
 
 def reliability_bins(probs, labels, bins: int = 15) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per equal-width bin: mean confidence, accuracy and sample count (for reliability diagrams)."""
-    p, y = _np(probs), _np(labels).astype(int)
-    conf, correct = p.max(-1), (p.argmax(-1) == y).astype(float)
-    edges = np.linspace(0.0, 1.0, bins + 1)
-    idx = np.clip(np.searchsorted(edges, conf, side="left") - 1, 0, bins - 1)
+    """Per equal-width bin (a, b]: mean confidence, accuracy and sample count (for reliability diagrams)."""
+    conf, pred = _top(probs, "reliability_bins")
+    correct = (pred == _np(labels)).astype(float)
+    idx = _bin_index(conf, bins)
     counts = np.bincount(idx, minlength=bins).astype(float)
     safe = np.maximum(counts, 1)
     return np.bincount(idx, conf, bins) / safe, np.bincount(idx, correct, bins) / safe, counts
@@ -75,13 +118,13 @@ def reliability_bins(probs, labels, bins: int = 15) -> tuple[np.ndarray, np.ndar
 # --- uncertainty scores (higher = more uncertain / more OOD) --------------------------------
 def max_prob_score(probs) -> np.ndarray:
     """Negative maximum softmax probability."""
-    return -_np(probs).max(-1)
+    return -_top(probs, "max_prob_score")[0]
 
 
 def entropy_score(probs) -> np.ndarray:
     """Predictive entropy in nats."""
-    p = _np(probs)
-    return -(p * np.log(np.clip(p, EPS, 1.0))).sum(-1)
+    parts = [-(c * np.log(np.clip(c, EPS, 1.0))).sum(-1) for _, c in _rows(probs, "entropy_score")]
+    return np.concatenate(parts) if parts else np.zeros(0)
 
 
 def mutual_information_score(member_probs) -> np.ndarray:
@@ -128,13 +171,39 @@ def fpr_at_tpr(score_in, score_out, tpr: float = 0.95) -> float:
     """FPR95: share of OOD samples accepted as ID at the threshold that accepts `tpr` of ID.
 
     ID is the positive class here (as in the OOD literature): a sample is accepted as ID when its
-    score is <= the threshold; the threshold is the smallest one accepting >= `tpr` of ID.
+    score is <= the threshold; the threshold is the smallest one accepting >= `tpr` of ID, i.e.
+    the k-th smallest ID score for the least k with k / N_id >= tpr. (torch-uncertainty's routine
+    and pytorch-ood's default take OOD as the positive class instead.) O(N log N) time, O(N) memory.
     """
-    s_in, s_out = _np(score_in), _np(score_out)
-    thresholds = np.unique(np.concatenate([s_in, s_out]))
-    tprs = (s_in[None, :] <= thresholds[:, None]).mean(1)
-    thr = thresholds[np.argmax(tprs >= tpr)]
-    return float((s_out <= thr).mean())
+    s_in, s_out = np.sort(_np(score_in)), np.sort(_np(score_out))
+    n = len(s_in)
+    k = max(1, int(np.floor(tpr * n)) - 1)
+    while k < n and k / n < tpr:
+        k += 1
+    thr = s_in[k - 1]
+    return float(np.searchsorted(s_out, thr, side="right") / len(s_out))
+
+
+# --- selective prediction ----------------------------------------------------------------------
+def risk_coverage(probs, labels) -> tuple[np.ndarray, np.ndarray]:
+    """Coverage k/N and selective risk (error rate of the k most confident samples), k = 1..N."""
+    conf, pred = _top(probs, "risk_coverage")
+    errors = (pred != _np(labels)).astype(float)[np.argsort(-conf, kind="stable")]
+    k = np.arange(1, len(errors) + 1)
+    return k / len(errors), np.cumsum(errors) / k
+
+
+def aurc(probs, labels) -> float:
+    """Area under the risk-coverage curve (Geifman & El-Yaniv 2017): the mean selective risk over
+    coverages 1/N..1, samples accepted by decreasing max-softmax confidence. Lower is better."""
+    return float(risk_coverage(probs, labels)[1].mean())
+
+
+def augrc(probs, labels) -> float:
+    """Area under the generalized risk-coverage curve (Traub et al. 2024): the mean over coverages
+    of the share of ALL samples that are accepted and wrong. Lower is better."""
+    coverage, risk = risk_coverage(probs, labels)
+    return float((risk * coverage).mean())
 
 
 # --- ensemble diversity ------------------------------------------------------------------------
@@ -162,7 +231,8 @@ OOD_SCORES = {"msp": max_prob_score, "entropy": entropy_score}
 
 
 def classification_report(member_probs, labels) -> dict[str, float]:
-    """Accuracy, NLL, Brier, ECE, adaptive ECE of the ensemble mean, plus member diversity."""
+    """Accuracy, NLL, Brier, ECE, adaptive ECE, AURC and AUGRC of the ensemble mean, plus member
+    accuracy and diversity."""
     mp = _np(member_probs)
     p = mp.mean(0)
     out = {
@@ -171,10 +241,13 @@ def classification_report(member_probs, labels) -> dict[str, float]:
         "brier": brier(p, labels),
         "ece": ece(p, labels),
         "adaptive_ece": adaptive_ece(p, labels),
+        "aurc": aurc(p, labels),
+        "augrc": augrc(p, labels),
     }
     if len(mp) > 1:
         out["disagreement"] = disagreement(mp)
         out["pairwise_kl"] = pairwise_kl(mp)
+        out["member_accuracy"] = float(np.mean([accuracy(q, labels) for q in mp]))
     return out
 
 

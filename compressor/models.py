@@ -59,6 +59,7 @@ def build_base(
     seed: int,
     cache_dir: Path | None,
     preflight: Callable[[nn.Module], None] | None = None,
+    device: torch.device | str = "cpu",
 ) -> nn.Module:
     """The recipe's base model: created, loaded from a checkpoint and/or trained here.
 
@@ -69,9 +70,10 @@ def build_base(
     model = create_model(model_cfg, data)
     if preflight is not None:
         preflight(model)
+    model = model.to(device)
     if model_cfg["checkpoint"]:
         try:
-            model.load_state_dict(load_weights(model_cfg["checkpoint"]))
+            model.load_state_dict(load_weights(model_cfg["checkpoint"], device=str(device)))
         except RuntimeError as e:
             raise WeightsError(
                 f"model.checkpoint: {model_cfg['checkpoint']}: weights do not fit '{model_cfg['name']}' "
@@ -82,7 +84,7 @@ def build_base(
         key = _cache_key(model_cfg, data_cfg, seed)
         cached = cache_dir / f"base-{key}.safetensors" if cache_dir is not None and tb.get("cache", True) else None
         if cached is not None and all_true(cached.is_file()):
-            model.load_state_dict(load_weights(cached))
+            model.load_state_dict(load_weights(cached, device=str(device)))
         else:
             cfg = TrainConfig(**{k: v for k, v in tb.items() if k not in ("cache", "trainable")}, seed=seed)
             head = {id(p) for p in family_of(model).classifier().parameters()}

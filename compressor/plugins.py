@@ -35,11 +35,13 @@ class Importance:
         family: Family,
         calibration: Sequence[Batch],
         heldout: Sequence[Batch] | None = None,
+        outliers: Sequence[torch.Tensor] | None = None,
         keep: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> list[torch.Tensor]:
-        """Per block, one score per head. `keep(block_scores) -> bool mask` is the pruner's
-        selection for one block, for importances that prune as they go (greedy, block by block);
-        None keeps every head."""
+        """Per block, one score per head. `outliers`: batches of validation outlier inputs (for
+        uncertainty objectives). `keep(block_scores) -> bool mask` is the pruner's selection for
+        one block, for importances that prune as they go (greedy, block by block); None keeps
+        every head."""
         raise NotImplementedError
 
 
@@ -88,6 +90,8 @@ class Pruner:
         self.distinct = distinct
         self.allow_empty_blocks = allow_empty_blocks
         self.last_scores: list[list[torch.Tensor]] | None = None  # per member, per block (for plots)
+        # batches of validation outlier inputs, set by the prune step when the data has them
+        self.outliers: list[torch.Tensor] | None = None
 
     def prune(
         self, family: Family, calibration: Sequence[Batch], heldout: Sequence[Batch] | None = None

@@ -16,7 +16,8 @@ from typing import Any
 
 import yaml
 
-from compressor.errors import OptionError, PluginError, RecipeError
+from compressor.device import check_precision, resolve_device
+from compressor.errors import InputError, OptionError, PluginError, RecipeError
 from compressor.registry import names, resolve
 from compressor.schema import NUM, Field, plugin_parameters, positive, validate_mapping
 
@@ -56,7 +57,22 @@ DATA_SCHEMA: dict[str, Field] = {
     "max_length": Field((int,), 48, check=positive, doc="text: tokens per sentence"),
     "root": Field((str, type(None)), None, doc="image_folder: folder with train/<class>/ and val/<class>/"),
     "ood_roots": Field((list,), [], doc="image_folder: folders of OOD images"),
+    "ood_val_roots": Field((list,), [], doc="image_folder: folders of validation outliers (default: synthetic)"),
+    "ood_val_file": Field((str, type(None)), None, doc="text: validation outlier sentences, one per line"),
     "img_size": Field((int,), 16, check=positive, doc="digits: upsampled image size"),
+    "in_classes": Field(
+        (list,),
+        list(range(8)),
+        check=lambda v: (
+            None
+            if len(v) >= 2
+            and len(set(v)) == len(v)
+            and all(isinstance(c, int) and 0 <= c <= 9 for c in v)
+            and len(v) < 10
+            else "2 to 9 distinct digits 0..9"
+        ),
+        doc="digits: in-distribution classes (the others are the near-OOD set)",
+    ),
     "seed": Field((int,), 0, doc="data split seed"),
     "batch_size": Field((int,), 256, check=positive, doc="evaluation/calibration batch size"),
     "calibration_samples": Field((int,), 512, check=positive, doc="train samples used to score heads"),
@@ -77,6 +93,8 @@ RECIPE_SCHEMA: dict[str, Field] = {
     "seed": Field((int,), 0),
     "out": Field((str, type(None)), None, doc="run folder (default runs/<name>)"),
     "cache_dir": Field((str, type(None)), None, doc="base-model cache (default: .cache beside the run folder)"),
+    "device": Field((str,), "auto", doc="auto (CUDA when available, else CPU), cpu, cuda or cuda:N"),
+    "precision": Field((str,), "fp32", choices=("fp32", "bf16", "fp16"), doc="autocast for every forward pass"),
     "model": Field((dict,), required=True, schema=MODEL_SCHEMA),
     "data": Field((dict,), {}, schema=DATA_SCHEMA),
     "steps": Field((list,), required=True),
@@ -97,11 +115,14 @@ class Recipe:
     steps: list[tuple[str, dict]] = field(default_factory=list)
     distributed: dict = field(default_factory=dict)
     cache_dir: str | None = None
+    device: str = "auto"
+    precision: str = "fp32"
 
 
-def plugin_options(cfg: dict, key: str) -> dict:
-    """A plugin step's config without the key naming the plugin: the plugin's options."""
-    return {k: v for k, v in cfg.items() if k != key}
+def plugin_options(cfg: dict, key: str, *step_keys: str) -> dict:
+    """A plugin step's config without the key naming the plugin (and the step's own keys): the
+    plugin's options."""
+    return {k: v for k, v in cfg.items() if k != key and k not in step_keys}
 
 
 def _check_plugin_options(where: str, key_path: str, kind: str, name: str, cls: type, options: dict) -> None:
@@ -139,7 +160,8 @@ def _validate_step(where: str, index: int, item: Any) -> tuple[str, dict]:
             cls = resolve(kind, cfg[key])
         except PluginError as e:
             raise RecipeError(f"{where}: {key_path}.{name}.{key}: {e}") from e
-        _check_plugin_options(where, f"{key_path}.{name}", kind, cfg[key], cls, plugin_options(cfg, key))
+        options = plugin_options(cfg, key, *[k for k in step.schema if k != key])
+        _check_plugin_options(where, f"{key_path}.{name}", kind, cfg[key], cls, options)
     return str(name), cfg
 
 
@@ -155,9 +177,12 @@ def _check_data(where: str, m: dict, d: dict) -> None:
         for sub in ("train", "val"):
             if not (Path(d["root"]) / sub).is_dir():
                 raise RecipeError(f"{where}: data.root: expected a folder '{sub}/' inside '{d['root']}'")
-    for i, r in enumerate(d["ood_roots"]):
-        if not Path(r).is_dir():
-            raise RecipeError(f"{where}: data.ood_roots[{i}]: no such folder '{r}'")
+    for key in ("ood_roots", "ood_val_roots"):
+        for i, r in enumerate(d[key]):
+            if not (isinstance(r, str) and Path(r).is_dir()):
+                raise RecipeError(f"{where}: data.{key}[{i}]: no such folder {r!r}")
+    if d["ood_val_file"] and not Path(d["ood_val_file"]).is_file():
+        raise RecipeError(f"{where}: data.ood_val_file: no such file '{d['ood_val_file']}'")
 
 
 def _check_model(where: str, m: dict) -> None:
@@ -187,6 +212,10 @@ def validate_recipe(raw: Any, where: str = "<recipe>") -> Recipe:
             raise RecipeError(f"{where}: steps[{i}].{name}: '{name}' {problem}")
     _check_model(where, top["model"])
     _check_data(where, top["model"], top["data"])
+    try:
+        check_precision(top["precision"], resolve_device(top["device"]))
+    except InputError as e:
+        raise RecipeError(f"{where}: {e}") from e
     return Recipe(
         where,
         top["name"],
@@ -197,6 +226,8 @@ def validate_recipe(raw: Any, where: str = "<recipe>") -> Recipe:
         steps,
         top["distributed"],
         top["cache_dir"],
+        top["device"],
+        top["precision"],
     )
 
 

@@ -1,17 +1,58 @@
-"""The run's one-page summary, `report.md`: what each step did and the metrics table."""
+"""`report.md`: the run's one-page summary (what each step did, cost, members, metrics, plots)."""
 
 from __future__ import annotations
+
+import time
 
 from compressor.context import RunContext
 from compressor.io import atomic_write_text
 
 
+def _cost_lines(ctx: RunContext) -> list[str]:
+    if not ctx.metrics:
+        return []
+    lines = [
+        "## Cost",
+        "",
+        "| model | parameters | x base | MFLOPs / sample | x base | latency x base |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, r in ctx.metrics["summary"].items():
+        lines.append(
+            f"| {name} | {r['params'] / 1e6:.2f}M | {r.get('params_ratio', 1):.2f} | {r.get('mflops', 0):.2f} "
+            f"| {r.get('flops_ratio', 1):.2f} | {r.get('latency_ratio', 1):.2f} |"
+        )
+    return [*lines, ""]
+
+
+def _member_lines(ctx: RunContext) -> list[str]:
+    if not ctx.metrics:
+        return []
+    lines = []
+    for name, r in ctx.metrics["summary"].items():
+        if "member_accuracy" in r:
+            lines.append(
+                f"- {name}: mean member accuracy {r['member_accuracy']:.3f} (ensemble {r['accuracy']:.3f}), "
+                f"members disagree on {r['disagreement']:.1%} of test samples (mean over pairs)"
+            )
+    return ["## Members", "", *lines, ""] if lines else []
+
+
 def write_report(ctx: RunContext) -> None:
-    lines = [f"# {ctx.recipe.name}", "", f"recipe: `{ctx.recipe.path}`", ""]
-    for step, outcome in ctx.outcomes.items():
-        lines.append(f"- {step}: {outcome}")
-    if ctx.masks:
-        lines += ["", f"members: {len(ctx.masks)}; kept heads per member: {[sum(m.num_kept()) for m in ctx.masks]}"]
+    elapsed = time.time() - ctx.log.get("started", time.time())
+    lines = [f"# {ctx.recipe.name}", "", f"recipe `{ctx.recipe.path}`, run time {elapsed / 60:.1f} min", ""]
+    lines += ["## Steps", ""] + [f"- **{step}**: {outcome}" for step, outcome in ctx.outcomes.items()] + [""]
+    for label, history in ctx.log.items():
+        if label.startswith("finetune") and isinstance(history, dict) and history.get("val_nll"):
+            first, best = history["val_nll"][0][1], min(v for _, v in history["val_nll"])
+            lines.append(
+                f"- {label}: held-out NLL {first:.3f} at step 0 -> best {best:.3f} at step {history['best_step']}"
+                + (" (stopped early)" if history.get("stopped_early") else "")
+            )
+    lines += [""] + _cost_lines(ctx) + _member_lines(ctx)
     if ctx.metrics:
-        lines += ["", ctx.metrics["table"]]
+        lines += ["## Metrics", "", ctx.metrics["table"], "Details: `metrics.json`, `metrics.md`.", ""]
+    plots = ctx.log.get("plots") or []
+    if plots:
+        lines += ["## Plots", ""] + [f"- [{p}]({p})" for p in plots] + [""]
     atomic_write_text(ctx.out / "report.md", "\n".join(lines) + "\n")

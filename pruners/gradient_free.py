@@ -1,8 +1,18 @@
 """Gradient-free "circuit" head importance: forward passes only, greedy, block by block.
 
 For block l (blocks before it already pruned by the pruner's selection), mask each head in turn
-and measure how much a metric on held-out data degrades; the score of a head is that
-degradation. Works zero-shot: no labels are differentiated, no weights change.
+and measure how much an objective on held-out data degrades; the score of a head is that
+degradation. Objectives (lower is better):
+
+- `nll`, `brier`, `error`: mean over held-out in-distribution samples (labels needed);
+- `auroc`: 1 - AUROC of telling validation outliers from held-out in-distribution samples by the
+  model's max-softmax probability (as currently gated); `fpr95`: the share of validation outliers
+  accepted at the threshold that keeps 95% of held-out samples (the paper's uncertainty-aware
+  circuit selection, with a validation outlier set that is never a test OOD set);
+- `nll+auroc`, `nll+fpr95`: the sum of the two, equally weighted (NLL is ~0.1-1, the OOD terms 0-1).
+
+Works zero-shot: nothing is differentiated and no weights change. A list of objectives gives
+each member its own (a diversity lever).
 """
 
 from __future__ import annotations
@@ -12,9 +22,10 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from compressor.distributed import all_reduce_sum
+from compressor.distributed import all_reduce_sum, gather_varlen
 from compressor.errors import InputError, OptionError
 from compressor.families import Family
+from compressor.metrics import auroc, fpr_at_tpr
 from compressor.plugins import Batch, Importance
 from pruners.topk import TopKPruner
 
@@ -38,6 +49,8 @@ METRICS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "brier": _brier,
     "error": _error,
 }
+OOD_OBJECTIVES = ("auroc", "fpr95")
+OBJECTIVES = (*METRICS, *OOD_OBJECTIVES, "nll+auroc", "nll+fpr95")
 
 
 @torch.no_grad()
@@ -49,18 +62,49 @@ def evaluate_metric(family: Family, data: Sequence[Batch], metric: str = "nll") 
     total = torch.zeros(2, dtype=torch.float64)
     for x, y, *_ in data:
         if len(y):
-            per_sample = METRICS[metric](family.logits(x).float(), y)
-            total += torch.stack([per_sample.double().sum(), torch.tensor(float(len(y)), dtype=torch.float64)])
+            logits = family.logits(x).float()
+            per_sample = METRICS[metric](logits, y.to(logits.device)).double().cpu()
+            total += torch.stack([per_sample.sum(), torch.tensor(float(len(y)), dtype=torch.float64)])
     total = all_reduce_sum(total)
     return float(total[0] / total[1].clamp_min(1))
 
 
+@torch.no_grad()
+def msp_ood_objective(family: Family, heldout: Sequence[Batch], outliers: Sequence[torch.Tensor], kind: str) -> float:
+    """1 - AUROC, or FPR95, of separating `outliers` from `heldout` inputs by max-softmax
+    probability (OOD positive, score = -max prob), for the model as currently gated."""
+
+    def scores(inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+        parts = [-family.logits(x).float().softmax(-1).amax(-1).cpu() for x in inputs if len(x)]
+        return gather_varlen(torch.cat(parts) if parts else torch.zeros(0))
+
+    s_in, s_out = scores([b[0] for b in heldout]), scores(outliers)
+    if kind == "auroc":
+        return 1.0 - auroc(s_in, s_out)
+    return fpr_at_tpr(s_in, s_out)
+
+
+def evaluate_objective(
+    family: Family, heldout: Sequence[Batch], outliers: Sequence[torch.Tensor] | None, objective: str
+) -> float:
+    """One objective (see the module docstring) for the model as currently gated; lower is better."""
+    total = 0.0
+    for part in objective.split("+"):
+        if part in METRICS:
+            total += evaluate_metric(family, heldout, part)
+        else:
+            if not outliers:
+                raise InputError(f"gradient_free: objective '{objective}' needs validation outliers (none given)")
+            total += msp_ood_objective(family, heldout, outliers, part)
+    return total
+
+
 class CircuitImportance(Importance):
-    """Per block, how much a held-out metric rises when each head is masked (earlier blocks pruned)."""
+    """Per block, how much a held-out objective worsens when each head is masked (earlier blocks pruned)."""
 
     def __init__(self, metric: str = "nll") -> None:
-        if metric not in METRICS:
-            raise OptionError(f"metric: expected one of {', '.join(METRICS)}, got '{metric}'")
+        if metric not in OBJECTIVES:
+            raise OptionError(f"metric: expected one of {', '.join(OBJECTIVES)}, got '{metric}'")
         self.metric = metric
 
     def __call__(
@@ -68,6 +112,7 @@ class CircuitImportance(Importance):
         family: Family,
         calibration: Sequence[Batch],
         heldout: Sequence[Batch] | None = None,
+        outliers: Sequence[torch.Tensor] | None = None,
         keep: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> list[torch.Tensor]:
         data = heldout or calibration
@@ -76,10 +121,11 @@ class CircuitImportance(Importance):
         previous = [g.detach().clone() for g in family.install_gates()]
         gates = [g.clone() for g in previous]
         family.set_gates(gates)
+        objective = lambda: evaluate_objective(family, data, outliers, self.metric)  # noqa: E731
         scores = []
         try:
             for block in range(family.num_blocks):
-                ref = evaluate_metric(family, data, self.metric)
+                ref = objective()
                 s = torch.zeros(family.num_heads(block))
                 for h in range(family.num_heads(block)):
                     if gates[block][h] == 0:
@@ -87,7 +133,7 @@ class CircuitImportance(Importance):
                         continue
                     saved = gates[block][h].clone()
                     gates[block][h] = 0
-                    s[h] = evaluate_metric(family, data, self.metric) - ref
+                    s[h] = objective() - ref
                     gates[block][h] = saved
                 if keep is not None:
                     gates[block].mul_(keep(s).to(gates[block].dtype))
@@ -98,7 +144,11 @@ class CircuitImportance(Importance):
 
 
 class GradientFreePruner(TopKPruner):
-    """Circuit selection: per block, keep heads whose masking raises a held-out metric most."""
+    """Circuit selection: per block, keep heads whose masking worsens a held-out objective most."""
 
-    def __init__(self, metric: str = "nll", **kwargs) -> None:
-        super().__init__(importance=CircuitImportance(metric), **kwargs)
+    def __init__(self, metric: str | list[str] = "nll", **kwargs) -> None:
+        metrics = metric if isinstance(metric, list) else [metric]
+        super().__init__(importance=CircuitImportance(metrics[0]), **kwargs)
+        if len(metrics) not in (1, self.members):
+            raise OptionError(f"metric: expected one objective or a list of {self.members} (one per member)")
+        self.importances = [CircuitImportance(m) for m in metrics]

@@ -37,6 +37,7 @@ class MagnitudeImportance(Importance):
         family: Family,
         calibration: Sequence[Batch] = (),
         heldout: Sequence[Batch] | None = None,
+        outliers: Sequence[torch.Tensor] | None = None,
         keep: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> list[torch.Tensor]:
         return [head_magnitudes(family, b, self.p) for b in range(family.num_blocks)]

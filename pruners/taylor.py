@@ -28,14 +28,15 @@ def taylor_scores(family: Family, calibration: Sequence[Batch]) -> list[torch.Te
     previous = [g.detach().clone() for g in family.install_gates()]
     gates = [g.clone().requires_grad_(True) for g in previous]
     family.set_gates(gates)
-    total = [torch.zeros_like(g, dtype=torch.float64) for g in gates]
+    total = [torch.zeros(g.shape, dtype=torch.float64) for g in gates]
     try:
         for (x, y, *_), size in zip(calibration, global_sizes):
             if len(y) == 0:  # this rank's shard of the last batch can be empty
                 continue
-            loss = F.cross_entropy(family.logits(x), y, reduction="sum") / float(size)
+            logits = family.logits(x).float()
+            loss = F.cross_entropy(logits, y.to(logits.device), reduction="sum") / float(size)
             for t, g in zip(total, torch.autograd.grad(loss, gates)):
-                t += g.double()
+                t += g.double().cpu()
     finally:
         family.set_gates(previous)
     return [all_reduce_sum(t).abs().float() for t in total]
@@ -49,6 +50,7 @@ class TaylorImportance(Importance):
         family: Family,
         calibration: Sequence[Batch],
         heldout: Sequence[Batch] | None = None,
+        outliers: Sequence[torch.Tensor] | None = None,
         keep: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> list[torch.Tensor]:
         return taylor_scores(family, calibration)

@@ -42,21 +42,28 @@ class TopKPruner(Pruner):
     def __init__(
         self, importance: str | Importance = "taylor", importance_options: dict | None = None, **kwargs
     ) -> None:
-        self.importance = make_importance(importance, importance_options)
-        if not self.importance.needs_data and kwargs.get("diversity") == "bootstrap":
+        self.importances = [make_importance(importance, importance_options)]
+        if not self.importances[0].needs_data and kwargs.get("diversity") == "bootstrap":
             raise OptionError("diversity: 'bootstrap' needs a data-driven importance; use jitter or none")
-        kwargs.setdefault("diversity", "bootstrap" if self.importance.needs_data else "jitter")
+        kwargs.setdefault("diversity", "bootstrap" if self.importances[0].needs_data else "jitter")
         super().__init__(**kwargs)
+
+    def importance_for(self, member: int) -> Importance:
+        """The importance member `member` is scored by (one for all, or one per member)."""
+        return self.importances[member % len(self.importances)]
 
     def member_scores(
         self, family: Family, calibration: Sequence[Batch], heldout: Sequence[Batch] | None, member: int
     ) -> list[torch.Tensor]:
         """Member `member`'s head scores (on its bootstrap resample, or jittered)."""
         seed = self.seed * 1000 + member
+        outliers = self.outliers
         if self.diversity == "bootstrap" and self.members > 1:
             calibration = bootstrap(calibration, seed) if calibration else calibration
             heldout = bootstrap(heldout, seed + 500) if heldout else heldout
-        scores = self.importance(family, calibration, heldout, keep=partial(self.keep_block, member=member))
+            outliers = [b[0] for b in bootstrap([(o,) for o in outliers], seed + 900)] if outliers else outliers
+        keep = partial(self.keep_block, member=member)
+        scores = self.importance_for(member)(family, calibration, heldout, outliers=outliers, keep=keep)
         if self.diversity == "jitter" and self.members > 1:
             scores = jitter(scores, seed)
         return scores

@@ -13,7 +13,7 @@ from torch.utils.data import Subset, TensorDataset
 from compressor.data import batches, digits_bundle
 from compressor.evaluate import evaluate_model
 from compressor.families import family_of
-from compressor.predict import predict
+from compressor.inference import predict
 from compressor.training import TrainConfig, train
 from mergers.hydra import HydraMerger
 from pruners import GradientFreePruner, TaylorPruner

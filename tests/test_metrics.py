@@ -74,6 +74,53 @@ def test_reports_have_every_metric():
     p, y = rand_probs()
     mp = np.stack([p, rand_probs(seed=2)[0]])
     rep = M.classification_report(mp, y)
-    assert set(rep) == {"accuracy", "nll", "brier", "ece", "adaptive_ece", "disagreement", "pairwise_kl"}
+    assert set(rep) == {
+        "accuracy",
+        "nll",
+        "brier",
+        "ece",
+        "adaptive_ece",
+        "aurc",
+        "augrc",
+        "disagreement",
+        "pairwise_kl",
+        "member_accuracy",
+    }
     ood = M.ood_report(mp, np.stack([rand_probs(50, seed=3)[0]] * 2))
     assert {"auroc_msp", "aupr_entropy", "fpr95_mi"} <= set(ood)
+
+
+def _fpr_reference(s_in, s_out, tpr=0.95):
+    """The definition, computed the slow way: every candidate threshold tried."""
+    thresholds = np.unique(np.concatenate([s_in, s_out]))
+    tprs = (s_in[None, :] <= thresholds[:, None]).mean(1)
+    return float((s_out <= thresholds[np.argmax(tprs >= tpr)]).mean())
+
+
+@pytest.mark.parametrize("n_in, n_out, tpr", [(20, 7, 0.95), (100, 50, 0.95), (333, 101, 0.9), (57, 3, 0.5)])
+def test_fast_fpr_equals_the_definition(n_in, n_out, tpr):
+    rng = np.random.default_rng(n_in)
+    s_in = rng.integers(0, 30, n_in).astype(float)  # many ties
+    s_out = rng.integers(5, 40, n_out).astype(float)
+    assert M.fpr_at_tpr(s_in, s_out, tpr) == _fpr_reference(s_in, s_out, tpr)
+
+
+def test_brier_without_one_hot_equals_the_definition():
+    p, y = rand_probs(300, 7, seed=4)
+    assert M.brier(p, y) == pytest.approx(((p - np.eye(7)[y]) ** 2).sum(-1).mean(), abs=1e-12)
+
+
+def test_logits_are_refused_with_the_function_named():
+    logits = np.array([[2.0, -1.0], [0.5, 3.0]])
+    for fn in (M.nll, M.brier, M.ece):
+        with pytest.raises(ValueError, match=rf"{fn.__name__}: expected probabilities .* logits\?"):
+            fn(logits, np.array([0, 1]))
+
+
+def test_selective_risks_hand_computed():
+    # confidences 0.9 (right), 0.8 (wrong), 0.7 (right), 0.6 (wrong), accepted in that order
+    p = np.array([[0.9, 0.1], [0.2, 0.8], [0.7, 0.3], [0.4, 0.6]])
+    y = np.array([0, 0, 0, 0])
+    # selective risk at coverage 1/4..4/4: 0, 1/2, 1/3, 2/4; generalized: 0, 1/4, 1/4, 2/4
+    assert M.aurc(p, y) == pytest.approx((0 + 1 / 2 + 1 / 3 + 2 / 4) / 4)
+    assert M.augrc(p, y) == pytest.approx((0 + 1 / 4 + 1 / 4 + 2 / 4) / 4)

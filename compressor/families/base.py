@@ -14,8 +14,10 @@ exactly "this head's output is scaled by gate[h]". A gate of 0 equals removing t
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, ClassVar
 
 import torch
@@ -98,12 +100,29 @@ class BlockParts:
     mlp_drop: float = 0.0
 
 
-def _gate_pre_hook(module: nn.Module, args: tuple) -> tuple:
-    gate = module.head_gate
+def _gate_pre_hook(module: nn.Module, args: tuple, name: str) -> tuple:
+    gate = getattr(module, name)
     (x, *rest) = args
     shape = x.shape
     x = (x.reshape(*shape[:-1], gate.numel(), -1) * gate.to(x.dtype)[:, None]).reshape(shape)
     return (x, *rest)
+
+
+def _install_gate(linear: nn.Linear, name: str, groups: int) -> torch.Tensor:
+    """A gate of ones over `groups` equal slices of `linear`'s input, applied by a pre-hook."""
+    if not hasattr(linear, name):
+        ref = linear.weight
+        linear.register_buffer(name, torch.ones(groups, dtype=ref.dtype, device=ref.device), persistent=False)
+        hooks = getattr(linear, "_compressor_gate_hooks", {})
+        hooks[name] = linear.register_forward_pre_hook(partial(_gate_pre_hook, name=name))
+        linear._compressor_gate_hooks = hooks
+    return getattr(linear, name)
+
+
+def _remove_gate(linear: nn.Linear, name: str) -> None:
+    if hasattr(linear, name):
+        linear._compressor_gate_hooks.pop(name).remove()
+        del linear._buffers[name]
 
 
 def select_rows(linear: nn.Linear, rows: torch.Tensor) -> nn.Linear:
@@ -203,9 +222,11 @@ class Family(ABC):
 
     # --- running ----------------------------------------------------------------------------
     def logits(self, inputs: Any) -> torch.Tensor:
-        """Run the model on one batch and return class logits [B, C]."""
-        out = self.model(**inputs) if isinstance(inputs, dict) else self.model(inputs)
-        return self.output_logits(out)
+        """Run the model on one batch (moved to the model's device) and return class logits [B, C]."""
+        device = next(self.model.parameters()).device
+        if isinstance(inputs, dict):
+            return self.output_logits(self.model(**{k: v.to(device) for k, v in inputs.items()}))
+        return self.output_logits(self.model(inputs.to(device)))
 
     @staticmethod
     def output_logits(output: Any) -> torch.Tensor:
@@ -252,37 +273,55 @@ class Family(ABC):
     # --- gating -----------------------------------------------------------------------------
     def install_gates(self) -> list[torch.Tensor]:
         """Give every block a head gate of ones (idempotent); return the gate tensors."""
-        gates = []
-        for b in range(self.num_blocks):
-            proj = self.output_projection(b)
-            if not hasattr(proj, "head_gate"):
-                ref = proj.weight
-                gate = torch.ones(self.num_heads(b), dtype=ref.dtype, device=ref.device)
-                proj.register_buffer("head_gate", gate, persistent=False)
-                proj._compressor_gate_hook = proj.register_forward_pre_hook(_gate_pre_hook)
-            gates.append(proj.head_gate)
-        return gates
+        return [
+            _install_gate(self.output_projection(b), "head_gate", self.num_heads(b)) for b in range(self.num_blocks)
+        ]
+
+    def install_unit_gates(self) -> list[torch.Tensor]:
+        """Give every block's MLP a unit gate of ones on fc2's input (idempotent); return them."""
+        return [_install_gate(self.mlp(b).fc2.get(), "unit_gate", w) for b, w in enumerate(self.mlp_widths())]
 
     def remove_gates(self) -> None:
+        """Remove every head and MLP-unit gate (hooks and buffers)."""
         for b in range(self.num_blocks):
-            proj = self.output_projection(b)
-            if hasattr(proj, "head_gate"):
-                proj._compressor_gate_hook.remove()
-                del proj._compressor_gate_hook
-                del proj._buffers["head_gate"]
+            _remove_gate(self.output_projection(b), "head_gate")
+            _remove_gate(self.mlp(b).fc2.get(), "unit_gate")
 
     def set_gates(self, gates: Sequence[torch.Tensor]) -> None:
-        """Replace the gate tensors (for example with ones that require grad)."""
+        """Replace the head-gate tensors (for example with ones that require grad)."""
         self.install_gates()
         for b, g in enumerate(gates):
             self.output_projection(b)._buffers["head_gate"] = g
 
     def apply_mask(self, mask: HeadMask | None) -> None:
-        """Gate heads by `mask` (None: keep every head)."""
+        """Gate heads (and MLP units, when the mask has them) by `mask`; None keeps everything."""
         mask = mask or HeadMask.full(self.heads_per_block())
-        mask.validate(self.heads_per_block(), allow_empty_blocks=True)
+        mask.validate(self.heads_per_block(), allow_empty_blocks=True, mlp_widths=self.mlp_widths())
         ref = self.output_projection(0).weight
         self.set_gates([b.to(dtype=ref.dtype, device=ref.device) for b in mask.blocks])
+        if mask.units is not None or any(hasattr(self.mlp(b).fc2.get(), "unit_gate") for b in range(self.num_blocks)):
+            gates = self.install_unit_gates()
+            units = mask.units or [torch.ones(g.numel(), dtype=torch.bool) for g in gates]
+            for g, u in zip(gates, units):
+                g.copy_(u.to(g.dtype))
+
+    @contextmanager
+    def masked(self, mask: HeadMask | None) -> Iterator[None]:
+        """Run the model with `mask` applied; every gate is restored afterwards."""
+        had_units = any(hasattr(self.mlp(b).fc2.get(), "unit_gate") for b in range(self.num_blocks))
+        heads = [g.detach().clone() for g in self.install_gates()]
+        units = [g.detach().clone() for g in self.install_unit_gates()] if had_units else None
+        self.apply_mask(mask)
+        try:
+            yield
+        finally:
+            self.set_gates(heads)
+            if units is None:
+                for b in range(self.num_blocks):
+                    _remove_gate(self.mlp(b).fc2.get(), "unit_gate")
+            else:
+                for g, u in zip(self.install_unit_gates(), units):
+                    g.copy_(u)
 
     # --- surgery ----------------------------------------------------------------------------
     def prune_heads_(self, block: int, keep: Sequence[int]) -> None:
@@ -305,7 +344,7 @@ class Family(ABC):
         slots.o.set(select_cols(proj, cols))
         self.set_head_count(block, int(keep_t.numel()))
         if gate_values is not None:
-            self.install_gates()
+            _install_gate(self.output_projection(block), "head_gate", int(keep_t.numel()))
             self.output_projection(block)._buffers["head_gate"] = gate_values
 
     def prune_mlp_units_(self, block: int, keep: Sequence[int]) -> None:
@@ -314,5 +353,10 @@ class Family(ABC):
         keep_t = torch.as_tensor(sorted(keep), dtype=torch.long)
         if keep_t.numel() == 0:
             raise MaskError(f"block {block}: cannot physically remove every MLP unit")
+        fc2 = slots.fc2.get()
+        gate_values = fc2.unit_gate[keep_t].clone() if hasattr(fc2, "unit_gate") else None
         slots.fc1.set(select_rows(slots.fc1.get(), keep_t))
-        slots.fc2.set(select_cols(slots.fc2.get(), keep_t))
+        slots.fc2.set(select_cols(fc2, keep_t))
+        if gate_values is not None:
+            _install_gate(self.mlp(block).fc2.get(), "unit_gate", int(keep_t.numel()))
+            self.mlp(block).fc2.get()._buffers["unit_gate"] = gate_values

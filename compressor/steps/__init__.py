@@ -1,7 +1,7 @@
-"""The built-in recipe steps, registered by name: prune, finetune, merge, evaluate, export."""
+"""The built-in recipe steps, registered by name: prune, finetune, merge, calibrate, evaluate, export."""
 
 # isort: off
-from compressor.steps import prune, finetune, merge, evaluate, export  # noqa: F401  (registers them, in recipe order)
+from compressor.steps import prune, finetune, merge, calibrate, evaluate, export  # noqa: F401  (registers them, in recipe order)
 
 # isort: on
 from compressor.schema import Field

@@ -6,8 +6,13 @@ from compressor.baselines import BASELINES, baseline_models, result_model
 from compressor.context import RunContext
 from compressor.distributed import is_main
 from compressor.evaluate import evaluate_models
-from compressor.plots import head_importance_heatmaps, reliability_diagram
-from compressor.predict import predict
+from compressor.plots import (
+    head_importance_heatmaps,
+    ood_plot,
+    reliability_diagram,
+    reliability_overlay,
+    risk_coverage_plot,
+)
 from compressor.schema import Field
 from compressor.steps.base import register_step
 
@@ -24,6 +29,31 @@ SCHEMA = {
 }
 
 
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name)
+
+
+def write_plots(ctx: RunContext, arrays: dict[str, dict]) -> list[str]:
+    """Every evaluate plot from the probabilities the evaluation already computed; their paths."""
+    plots = ctx.out / "plots"
+    written = []
+    tests = {name: (a["test"][0].mean(0), a["test"][1]) for name, a in arrays.items()}
+    for name, (probs, labels) in tests.items():
+        reliability_diagram(probs, labels, name, plots / f"reliability_{_safe(name)}.png")
+        written.append(f"plots/reliability_{_safe(name)}.png")
+    reliability_overlay(tests, plots / "reliability_all.png")
+    risk_coverage_plot(tests, plots / "risk_coverage.png")
+    written += ["plots/reliability_all.png", "plots/risk_coverage.png"]
+    for set_name in ctx.data.ood:
+        pairs = {name: (a["test"][0].mean(0), a["ood"][set_name].mean(0)) for name, a in arrays.items()}
+        ood_plot(set_name, pairs, plots / f"ood_{_safe(set_name)}.png")
+        written.append(f"plots/ood_{_safe(set_name)}.png")
+    if ctx.masks and ctx.scores:
+        head_importance_heatmaps(ctx.scores, ctx.masks, plots / "head_importance.png")
+        written.append("plots/head_importance.png")
+    return written
+
+
 @register_step("evaluate", SCHEMA)
 def evaluate(ctx: RunContext, cfg: dict) -> None:
     """Evaluate the result and the baselines on test, OOD and shifted data (metrics.json, plots/)."""
@@ -34,14 +64,7 @@ def evaluate(ctx: RunContext, cfg: dict) -> None:
     models.update(baseline_models(ctx, cfg["baselines"], cfg["deep_ensemble_size"]))
     reference = "base" if "base" in models else None
     ctx.metrics = evaluate_models(models, ctx.data, ctx.out, ctx.recipe.data["batch_size"], reference, write=is_main())
-    if cfg["plots"]:
-        plots = ctx.out / "plots"
-        for name, model in models.items():
-            probs, labels = predict(model, ctx.data.test)  # on every rank: predict gathers
-            safe = "".join(c if c.isalnum() else "_" for c in name)
-            if is_main():
-                reliability_diagram(probs.mean(0), labels, name, plots / f"reliability_{safe}.png")
-        if ctx.masks and ctx.scores and is_main():
-            head_importance_heatmaps(ctx.scores, ctx.masks, plots / "head_importance.png")
+    if cfg["plots"] and is_main():
+        ctx.log["plots"] = write_plots(ctx, ctx.metrics["arrays"])
     ctx.outcomes["evaluate"] = f"{len(models)} models: {', '.join(models)}"
     ctx.say("evaluate:\n" + ctx.metrics["table"])

@@ -23,7 +23,13 @@ def export(ctx: RunContext, cfg: dict) -> None:
     if not is_main():
         return
     path = export_model(
-        ctx.merged, ctx.out / cfg["dir"], ctx.masks, ctx.data.class_names, example, merger=ctx.merger_name
+        ctx.merged,
+        ctx.out / cfg["dir"],
+        ctx.masks,
+        ctx.data.class_names,
+        example,
+        merger=ctx.merger_name,
+        preprocessing=ctx.data.preprocessing,
     )
     ctx.outcomes["export"] = str(path)
     ctx.say(f"export: {path} (load with compressor.load('{path}'))")

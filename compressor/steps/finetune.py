@@ -24,6 +24,13 @@ SCHEMA = {
     **TRAIN_FIELDS,
     "steps": Field((int,), 100, check=lambda v: None if 0 < v <= 2000 else "an integer in 1..2000"),
     "lr": Field(NUM, 5e-4, check=positive),
+    "bootstrap": Field((bool,), False, doc="ensembles: each member sees its own bootstrap weighting of every batch"),
+    "disagreement": Field(
+        NUM,
+        0.0,
+        check=lambda v: None if v >= 0 else "a number >= 0",
+        doc="ensembles: reward for member disagreement on synthetic outliers of each batch",
+    ),
 }
 
 
@@ -64,7 +71,9 @@ def finetune(ctx: RunContext, cfg: dict) -> None:
         target = "merged" if ctx.merged is not None else "members"
     tc = train_config(ctx, cfg)
     if target == "merged":
-        ctx.log["finetune merged"] = train(ctx.merged, ctx.data.train, ctx.data.val, tc, desc="finetune merged")
+        ctx.log["finetune merged"] = train(
+            ctx.merged, ctx.data.train, ctx.data.val, tc, desc="finetune merged", make_outliers=ctx.data.make_outliers
+        )
         ctx.outcomes["finetune"] = f"merged model, {len(ctx.log['finetune merged']['loss'])} steps"
         return
     members = ctx.members or [masked_member(ctx.base, m) for m in ctx.masks]

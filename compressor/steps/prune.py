@@ -9,29 +9,41 @@ from compressor.distributed import is_main
 from compressor.families import Family
 from compressor.io import atomic_write_text
 from compressor.masks import save_masks
+from compressor.mlp_units import with_top_units
 from compressor.recipe import plugin_options
 from compressor.registry import resolve
 from compressor.schema import Field
 from compressor.steps.base import register_step
 
-SCHEMA = {"pruner": Field((str,), required=True, doc="registered name or 'package.module:Class'")}
+SCHEMA = {
+    "pruner": Field((str,), required=True, doc="registered name or 'package.module:Class'"),
+    "mlp_keep_ratio": Field(
+        (int, float, type(None)),
+        None,
+        check=lambda v: None if v is None or 0 < v <= 1 else "a number in (0, 1]",
+        doc="also choose each member's MLP units: this share per block, by the member's own unit importance",
+    ),
+}
 
 
 def _preflight(cfg: dict, family: Family) -> None:
     """The pruner can produce masks for this model's head counts (Pruner.preflight)."""
-    resolve("pruner", cfg["pruner"])(**plugin_options(cfg, "pruner")).preflight(family)
+    resolve("pruner", cfg["pruner"])(**plugin_options(cfg, "pruner", "mlp_keep_ratio")).preflight(family)
 
 
 @register_step("prune", SCHEMA, plugin=("pruner", "pruner"), preflight=_preflight)
 def prune(ctx: RunContext, cfg: dict) -> None:
     """Score the base model's heads and choose each member's heads (writes masks.json)."""
-    options = plugin_options(cfg, "pruner")
+    options = plugin_options(cfg, "pruner", "mlp_keep_ratio")
     options.setdefault("seed", ctx.recipe.seed)
     pruner = resolve("pruner", cfg["pruner"])(**options)
+    pruner.outliers = ctx.outlier_batches()
     calib, heldout = ctx.calibration()
     family = ctx.family
     ctx.masks = pruner.prune(family, calib, heldout)
     family.apply_mask(None)
+    if cfg["mlp_keep_ratio"] is not None:
+        ctx.masks = with_top_units(family, ctx.masks, cfg["mlp_keep_ratio"], [b[0] for b in calib])
     ctx.scores, ctx.members = pruner.last_scores, None
     if is_main():
         save_masks(ctx.out / "masks.json", ctx.masks)
@@ -40,5 +52,7 @@ def prune(ctx: RunContext, cfg: dict) -> None:
             atomic_write_text(ctx.out / "head_scores.json", json.dumps(payload))
     kept = [sum(m.num_kept()) for m in ctx.masks]
     line = f"{cfg['pruner']}: {len(ctx.masks)} members keeping {kept} of {sum(family.heads_per_block())} heads"
+    if cfg["mlp_keep_ratio"] is not None:
+        line += f" and {[sum(len(m.kept_units(b)) for b in range(m.num_blocks)) for m in ctx.masks]} MLP units"
     ctx.outcomes["prune"] = line
     ctx.say(f"prune: {line}")

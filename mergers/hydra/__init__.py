@@ -11,7 +11,7 @@ from compressor.errors import OptionError, UnsupportedModelError
 from compressor.families import Family
 from compressor.masks import HeadMask
 from compressor.plugins import Merger
-from mergers.hydra.build import build_hydra, hydra_problems, mlp_unit_scores
+from mergers.hydra.build import build_hydra, hydra_problems
 from mergers.hydra.layers import GroupedLinear, HydraAttention, HydraMLP, SharedMLP
 from mergers.hydra.model import MLP_MODES, HydraModel, HydraSpec
 
@@ -70,5 +70,4 @@ __all__ = [
     "MLP_MODES",
     "SharedMLP",
     "build_hydra",
-    "mlp_unit_scores",
 ]

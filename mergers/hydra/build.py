@@ -11,10 +11,10 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from compressor.distributed import all_reduce_sum
 from compressor.errors import OptionError, UnsupportedModelError
 from compressor.families import Family, family_of
 from compressor.masks import HeadMask
+from compressor.mlp_units import with_top_units
 from mergers.hydra.layers import HydraAttention, MemberAffine, MemberLayerNorm, SharedMLP
 from mergers.hydra.model import MLP_MODES, HydraModel, HydraSpec
 
@@ -81,54 +81,6 @@ def fill_mlp(
         mlp.fc2.set_member(i, f2.weight[:, units], f2.bias)
 
 
-def top_units(score: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of the k highest-scored MLP units, in increasing order (ties broken by index)."""
-    return torch.sort(torch.argsort(-score.double(), stable=True)[:k]).values
-
-
-@torch.no_grad()
-def mlp_unit_scores(
-    family: Family, mask: HeadMask, calibration: Sequence[torch.Tensor] | None = None
-) -> list[torch.Tensor]:
-    """Importance of each MLP hidden unit, per block, for one member (the same rule for every family).
-
-    With calibration inputs: mean |activation| of the unit with the member's head mask applied,
-    times the norm of its output weights; without: the product of its input and output weight
-    norms. Under torch.distributed the activation sums of every rank's shard are all-reduced.
-    """
-    slots = [family.mlp(b) for b in range(family.num_blocks)]
-    fc2_norms = [s.fc2.get().weight.norm(dim=0) for s in slots]
-    if not calibration:
-        return [s.fc1.get().weight.norm(dim=1) * n for s, n in zip(slots, fc2_norms)]
-    previous = [g.detach().clone() for g in family.install_gates()]
-    family.apply_mask(mask)
-    sums = [torch.zeros_like(n) for n in fc2_norms]
-    count = torch.zeros(1, dtype=torch.float64)
-    hooks = []
-    for i, s in enumerate(slots):
-
-        def hook(_mod, _inp, out, i=i):
-            flat = out.detach().abs().reshape(-1, out.shape[-1])
-            sums[i] += flat.sum(0).to(sums[i].dtype)
-            if i == 0:
-                count[0] += flat.shape[0]
-
-        hooks.append(s.act.register_forward_hook(hook))
-    was_training = family.model.training
-    family.model.eval()
-    try:
-        for x in calibration:
-            if len(x):
-                family.logits(x)
-    finally:
-        for h in hooks:
-            h.remove()
-        family.set_gates(previous)
-        family.model.train(was_training)
-    total = float(all_reduce_sum(count)[0])
-    return [all_reduce_sum(s) / max(total, 1.0) * n for s, n in zip(sums, fc2_norms)]
-
-
 def _mlp_layout(
     families: Sequence[Family],
     masks: Sequence[HeadMask],
@@ -136,21 +88,20 @@ def _mlp_layout(
     keep_ratio: float | None,
     calibration: Sequence[torch.Tensor] | None,
 ) -> tuple[list[list[int]], list[list[torch.Tensor]] | None]:
-    """Per block, the MLP widths of the fused model, and which units each member keeps ('pruned')."""
+    """Per block, the MLP widths of the fused model, and which units each member keeps ('pruned':
+    the units the masks name, else each member's top `keep_ratio` (default 1/M) by its own scores)."""
     widths, m = families[0].mlp_widths(), len(masks)
     if mode == "average":
         return [[w] for w in widths], None
     if mode == "grouped":
         return [[w] * m for w in widths], None
-    ratio = 1.0 / m if keep_ratio is None else float(keep_ratio)
-    if not 0.0 < ratio <= 1.0:
-        raise OptionError(f"mlp_keep_ratio: expected a number in (0, 1], got {ratio}")
-    keeps = [[max(1, int(round(ratio * w))) for w in widths]] * m
-    unit_keep = [
-        [top_units(sc, k) for sc, k in zip(mlp_unit_scores(fam, mask, calibration), keeps[i])]
-        for i, (fam, mask) in enumerate(zip(families, masks))
-    ]
-    return [[keeps[i][b] for i in range(m)] for b in range(len(widths))], unit_keep
+    if not all(mask.units is not None for mask in masks):
+        ratio = 1.0 / m if keep_ratio is None else float(keep_ratio)
+        if not 0.0 < ratio <= 1.0:
+            raise OptionError(f"mlp_keep_ratio: expected a number in (0, 1], got {ratio}")
+        masks = [with_top_units(fam, [mask], ratio, calibration)[0] for fam, mask in zip(families, masks)]
+    unit_keep = [[torch.as_tensor(mask.kept_units(b), dtype=torch.long) for b in range(len(widths))] for mask in masks]
+    return [[len(unit_keep[i][b]) for i in range(m)] for b in range(len(widths))], unit_keep
 
 
 def hydra_problems(family: Family) -> list[str]:
@@ -192,7 +143,7 @@ def build_hydra(
         raise UnsupportedModelError("hydra merger does not support: " + "; ".join(problems))
     heads_per_block = families[0].heads_per_block()
     for i, mask in enumerate(masks):
-        mask.validate(heads_per_block, allow_empty_blocks=True, where=f"hydra merger: mask {i}")
+        mask.validate(heads_per_block, True, where=f"hydra merger: mask {i}", mlp_widths=families[0].mlp_widths())
     depth = families[0].num_blocks
     ends = [f.hydra_ends() for f in families]
     parts = [[f.block_parts(b) for f in families] for b in range(depth)]
