@@ -124,7 +124,7 @@ def run_row(raw: dict, name: str, steps: list[dict], out: Path, baselines: list[
     raw = copy.deepcopy(raw)
     raw["steps"] = steps + [{"evaluate": {"baselines": baselines, "plots": False}}]
     recipe = validate_recipe(raw, where=f"uq_table:{name}")
-    ctx = Runner(recipe, out, quiet=True).run()
+    ctx = Runner(recipe, out, quiet=True, overwrite=True).run()
     return ctx.metrics["summary"]
 
 

@@ -45,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
         help="override a recipe value, e.g. model.train_base.steps=50 or steps.0.prune.members=4",
     )
     a.add_argument("--quiet", action="store_true", help="no progress bars or step messages")
+    a.add_argument("--overwrite", action="store_true", help="replace the outputs of an earlier run in the run folder")
     v = sub.add_parser(
         "validate",
         help="check a recipe without running it",
@@ -113,7 +114,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
     recipe = load_recipe(args.recipe, args.overrides)
     t0 = time.time()
-    runner = Runner(recipe, args.out, quiet=args.quiet)
+    runner = Runner(recipe, args.out, quiet=args.quiet, overwrite=args.overwrite)
     try:
         runner.run()
     finally:
@@ -140,7 +141,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        print("interrupted; files already written are complete (none is half-written)", file=sys.stderr)
+        print(
+            "interrupted: the run folder is marked RUNNING (incomplete); every file in it is whole "
+            "(none is half-written); rerun with --overwrite",
+            file=sys.stderr,
+        )
         return 130
 
 

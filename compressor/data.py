@@ -150,6 +150,47 @@ def digits_preprocessing(img_size: int) -> dict:
     }
 
 
+def image_transforms(model: torch.nn.Module, overrides: dict | None = None, augment: str = "light"):
+    """(eval transform, train transform, data config) for a user's images: the timm data config
+    of the model, with the input size the model actually takes (its family knows it) and the
+    recipe's overrides (img_size, mean, std, interpolation, crop_pct).
+
+    augment: 'none' (the eval transform), 'light' (flips and small shifted crops; for images of
+    64 px and more, a random resized crop of 50-100% of the area) or 'timm' (timm's ImageNet
+    training augmentation, meant for large images).
+    """
+    import timm.data
+    from torchvision import transforms as T
+
+    from compressor.families import family_of
+
+    cfg = dict(timm.data.resolve_data_config({}, model=model))
+    size = family_of(model).input_size()
+    if size is not None:
+        cfg["input_size"] = tuple(size)
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if key == "img_size":
+            cfg["input_size"] = (cfg["input_size"][0], int(value), int(value))
+        else:
+            cfg[key] = tuple(value) if isinstance(value, list) else value
+    tf_eval = timm.data.create_transform(**cfg, is_training=False)
+    if augment == "none":
+        return tf_eval, tf_eval, cfg
+    if augment == "timm":
+        return tf_eval, timm.data.create_transform(**cfg, is_training=True), cfg
+    side = int(cfg["input_size"][-1])
+    crop = (
+        T.RandomCrop(side, padding=max(1, side // 8), padding_mode="reflect")
+        if side < 64
+        else T.RandomResizedCrop(side, scale=(0.5, 1.0), interpolation=T.InterpolationMode(cfg["interpolation"]))
+    )
+    resize = T.Resize((side, side), interpolation=T.InterpolationMode(cfg["interpolation"]))
+    normalize = T.Normalize(cfg["mean"], cfg["std"])
+    return tf_eval, T.Compose([resize, crop, T.RandomHorizontalFlip(), T.ToTensor(), normalize]), cfg
+
+
 def image_folder_bundle(
     root: str,
     model: torch.nn.Module,
@@ -157,19 +198,18 @@ def image_folder_bundle(
     val_fraction: float = 0.1,
     seed: int = 0,
     ood_val_roots: Sequence[str] = (),
+    overrides: dict | None = None,
+    augment: str = "light",
 ) -> DataBundle:
     """A user's image folder (`root/train/<class>/*`, `root/val/<class>/*`) read with torchvision.
 
-    Transforms follow the model's timm data config, so a pretrained timm model sees what it expects.
-    `ood_roots` are folders of images (any class layout) used as test OOD sets; `ood_val_roots`
-    folders of validation outliers (default: patch-shuffled held-out images).
+    Transforms follow the model (`image_transforms`). `ood_roots` are folders of images (any class
+    layout) used as test OOD sets; `ood_val_roots` folders of validation outliers (default:
+    patch-shuffled held-out images).
     """
-    import timm.data
     from torchvision.datasets import ImageFolder
 
-    cfg = timm.data.resolve_data_config({}, model=model)
-    tf_eval = timm.data.create_transform(**cfg, is_training=False)
-    tf_train = timm.data.create_transform(**cfg, is_training=True)
+    tf_eval, tf_train, cfg = image_transforms(model, overrides, augment)
     root_p = Path(root)
     train = ImageFolder(str(root_p / "train"), transform=tf_train)
     test = ImageFolder(str(root_p / "val"), transform=tf_eval)
@@ -210,15 +250,24 @@ def load_bundle(data_cfg: dict, model_name: str, model: torch.nn.Module | None =
     """The recipe's data: digits, a user's image folder (transforms follow `model`), or the
     bundled text sample tokenised for transformers model `model_name`."""
     if data_cfg["source"] == "digits":
-        return digits_bundle(img_size=data_cfg["img_size"], in_classes=data_cfg["in_classes"], seed=data_cfg["seed"])
+        return digits_bundle(
+            img_size=data_cfg["img_size"] or 16, in_classes=data_cfg["in_classes"], seed=data_cfg["seed"]
+        )
     if data_cfg["source"] == "text":
         from compressor.text import text_bundle
 
         return text_bundle(
             model_name, data_cfg["max_length"], seed=data_cfg["seed"], ood_val_file=data_cfg["ood_val_file"]
         )
+    overrides = {k: data_cfg[k] for k in ("img_size", "mean", "std", "interpolation", "crop_pct")}
     return image_folder_bundle(
-        data_cfg["root"], model, data_cfg["ood_roots"], seed=data_cfg["seed"], ood_val_roots=data_cfg["ood_val_roots"]
+        data_cfg["root"],
+        model,
+        data_cfg["ood_roots"],
+        seed=data_cfg["seed"],
+        ood_val_roots=data_cfg["ood_val_roots"],
+        overrides=overrides,
+        augment=data_cfg["augment"],
     )
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from torch import nn
 from compressor.data import DataBundle
 from compressor.device import model_device, synchronize
 from compressor.inference import predict
-from compressor.io import atomic_write_text
+from compressor.io import atomic_write_text, json_text
 from compressor.metrics import classification_report, ood_report
 
 SUMMARY_COLUMNS = [
@@ -172,7 +171,7 @@ def evaluate_models(
     if not write:
         return {"results": results, "summary": rows, "table": table, "arrays": arrays}
     out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out_dir / "metrics.json", json.dumps({"models": results, "summary": rows}, indent=1))
+    atomic_write_text(out_dir / "metrics.json", json_text({"models": results, "summary": rows}))
     note = (
         f"\nOOD columns use the max-softmax score, averaged over OOD sets ({', '.join(data.ood)}); "
         f"shift columns average {', '.join(data.shift)}; FLOPs per sample are counted by "

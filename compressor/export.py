@@ -10,6 +10,7 @@ its merger by registered name only (never an import path).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import platform
 from collections.abc import Sequence
@@ -19,9 +20,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from compressor.calibration import Calibrated
+from compressor.calibration import OOD_SCORES, Calibrated
 from compressor.errors import ExportError, PluginError, WeightsError
-from compressor.io import atomic_dir
+from compressor.io import atomic_dir, json_text
 from compressor.masks import HeadMask, save_masks
 from compressor.registry import names, resolve
 from compressor.weights import load_weights, save_weights
@@ -79,14 +80,12 @@ def export_model(
     }
     with atomic_dir(out_dir) as tmp:
         save_weights(model.state_dict(), tmp / "model.safetensors", metadata={"format": FORMAT})
-        (tmp / "config.json").write_text(json.dumps(config, indent=1))
+        config["weights_sha256"] = sha256(tmp / "model.safetensors")
+        (tmp / "config.json").write_text(json_text(config))
         if masks:
             save_masks(tmp / "masks.json", masks)
         merger_cls.write_extras(model, tmp, masks or [])
-        if preprocessing and preprocessing.get("kind") == "text":
-            from transformers import AutoTokenizer
-
-            AutoTokenizer.from_pretrained(preprocessing["tokenizer"]).save_pretrained(str(tmp / "tokenizer"))
+        _write_processors(tmp, preprocessing)
         if onnx_input is not None:
             from compressor.onnx_export import export_onnx
 
@@ -94,11 +93,79 @@ def export_model(
     return out_dir
 
 
+def _write_processors(folder: Path, preprocessing: dict | None) -> None:
+    """The input processing as its library saves it: a text model's tokenizer (in `tokenizer/`,
+    and beside any transformers copy), an image processor beside a transformers image model."""
+    if not preprocessing:
+        return
+    hf_dirs = [folder / d for d in ("hf_encoder", "hf_model") if (folder / d).is_dir()]
+    if preprocessing.get("kind") == "text":
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(preprocessing["tokenizer"])
+        for target in [folder / "tokenizer", *hf_dirs]:
+            tok.save_pretrained(str(target))
+    elif hf_dirs:
+        from transformers import ViTImageProcessor
+
+        c, h, w = preprocessing["input_size"]
+        resample = {"bilinear": 2, "bicubic": 3, "nearest": 0}.get(preprocessing.get("interpolation"), 2)
+        processor = ViTImageProcessor(
+            size={"height": h, "width": w},
+            image_mean=list(preprocessing["mean"]),
+            image_std=list(preprocessing["std"]),
+            resample=resample,
+        )
+        for target in hf_dirs:
+            processor.save_pretrained(str(target))
+
+
 def _portable(preprocessing: dict | None) -> dict | None:
     """The preprocessing as the export records it (a text model's tokenizer: the export's copy)."""
     if not preprocessing:
         return None
     return {**preprocessing, "tokenizer": "tokenizer"} if preprocessing.get("kind") == "text" else dict(preprocessing)
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+CONFIG_TYPES = {  # key -> (types, required)
+    "format": ((str,), True),
+    "kind": ((str,), True),
+    "class_names": ((list,), False),
+    "masks": ((list, type(None)), False),
+    "calibration": ((dict, type(None)), False),
+    "preprocessing": ((dict, type(None)), False),
+    "weights_sha256": ((str,), False),
+}
+
+
+def _check_config(cfg: dict, cfg_path: Path) -> None:
+    for key, (types, required) in CONFIG_TYPES.items():
+        if key not in cfg:
+            if required:
+                raise ExportError(f"{cfg_path}: {key}: missing")
+            continue
+        if not isinstance(cfg[key], types):
+            raise ExportError(f"{cfg_path}: {key}: expected {' or '.join(t.__name__ for t in types)}, got {cfg[key]!r}")
+    if not all(isinstance(c, str) for c in cfg.get("class_names") or []):
+        raise ExportError(f"{cfg_path}: class_names: expected a list of strings")
+    cal = cfg.get("calibration")
+    if cal:
+        t = cal.get("temperature")
+        if not (isinstance(t, list) and t and all(isinstance(v, (int, float)) and 0 < v < 1e6 for v in t)):
+            raise ExportError(f"{cfg_path}: calibration.temperature: expected a list of positive numbers, got {t!r}")
+        ood = cal.get("ood") or {}
+        if ood and not (ood.get("score") in OOD_SCORES and isinstance(ood.get("threshold"), (int, float))):
+            raise ExportError(
+                f"{cfg_path}: calibration.ood: expected a score ({', '.join(OOD_SCORES)}) and a threshold"
+            )
 
 
 def _read_config(path: Path) -> dict:
@@ -122,6 +189,13 @@ def load_export(path: str | Path, map_location: str = "cpu") -> nn.Module:
         raise ExportError(f"{path}: no such export folder")
     cfg = _read_config(path)
     cfg_path = path / "config.json"
+    _check_config(cfg, cfg_path)
+    if cfg.get("masks") is not None and (path / "masks.json").is_file():
+        from compressor.masks import load_masks
+
+        listed = [HeadMask.from_dict(m, where=f"{cfg_path}: masks[{i}]") for i, m in enumerate(cfg["masks"])]
+        if load_masks(path / "masks.json") != listed:
+            raise ExportError(f"{path / 'masks.json'}: differs from the masks config.json records")
     kind = cfg.get("kind")
     if not isinstance(kind, str) or ":" in kind:
         raise ExportError(f"{cfg_path}: kind: expected a registered merger name, got {kind!r}")
@@ -134,10 +208,19 @@ def load_export(path: str | Path, map_location: str = "cpu") -> nn.Module:
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ExportError(f"{cfg_path}: does not describe a {kind} model ({type(e).__name__}: {e})") from e
     state = load_weights(path / "model.safetensors", device=map_location)
+    expected = cfg.get("weights_sha256")
+    if expected and sha256(path / "model.safetensors") != expected:
+        raise WeightsError(
+            f"{path / 'model.safetensors'}: content differs from config.json's weights_sha256 (modified?)"
+        )
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
         raise WeightsError(f"{path / 'model.safetensors'}: weights do not fit config.json ({e})") from e
+    try:
+        resolve("merger", kind).verify(model)
+    except ExportError as e:
+        raise ExportError(f"{path / 'model.safetensors'}: {e}") from e
     calibration = cfg.get("calibration")
     if calibration:
         model = Calibrated(model, torch.tensor(calibration["temperature"]), calibration.get("ood"))

@@ -22,7 +22,15 @@ __all__ = ["HeadMask", "MaskError", "load_masks", "save_masks"]
 
 
 def _bools(blocks: Sequence) -> tuple[torch.Tensor, ...]:
-    return tuple(torch.as_tensor(b, dtype=torch.bool).flatten().clone() for b in blocks)
+    """Boolean vectors; numbers are accepted only when every value is 0 or 1 (no silent rounding)."""
+    out = []
+    for i, b in enumerate(blocks):
+        t = torch.as_tensor(b)
+        if t.dtype != torch.bool:
+            if t.is_complex() or not bool(((t == 0) | (t == 1)).all()):
+                raise MaskError(f"block {i}: a mask holds booleans (or 0/1), got values {t.flatten()[:6].tolist()}")
+        out.append(t.to(torch.bool).flatten().clone())
+    return tuple(out)
 
 
 def _from_kept(kept: Sequence[Sequence[int]], sizes: Sequence[int]) -> tuple[torch.Tensor, ...]:

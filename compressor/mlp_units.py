@@ -60,6 +60,18 @@ def mlp_unit_scores(
     return [all_reduce_sum(s) / max(total, 1.0) * n for s, n in zip(sums, fc2_norms)]
 
 
+def with_disjoint_units(
+    family: Family, masks: Sequence[HeadMask], calibration: Sequence[torch.Tensor] | None
+) -> list[HeadMask]:
+    """Each block's MLP units dealt out round-robin by the full model's unit importance: member m
+    keeps the units ranked m, m + M, m + 2M, ... (every unit to exactly one member, equally strong
+    shares), so the members' MLPs are different functions of the same stream."""
+    widths, m = family.mlp_widths(), len(masks)
+    full = HeadMask.full(family.heads_per_block())
+    ranks = [torch.argsort(-s.double(), stable=True) for s in mlp_unit_scores(family, full, calibration)]
+    return [mask.with_units([sorted(r[i::m].tolist()) for r in ranks], widths) for i, mask in enumerate(masks)]
+
+
 def with_top_units(
     family: Family, masks: Sequence[HeadMask], keep_ratio: float, calibration: Sequence[torch.Tensor] | None
 ) -> list[HeadMask]:

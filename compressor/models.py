@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from compressor.distributed import all_true, is_main
 from compressor.errors import InputError, WeightsError
 from compressor.families import family_of
 from compressor.training import TrainConfig, train
-from compressor.weights import load_weights, save_weights
+from compressor.weights import load_weights, non_finite, save_weights
 
 
 def create_timm(name: str, kwargs: dict, num_classes: int, in_chans: int, pretrained: bool = False) -> nn.Module:
@@ -47,9 +48,30 @@ def create_model(model_cfg: dict, data: DataBundle) -> nn.Module:
     )
 
 
+# the data keys a trained base depends on (not batch sizes, calibration or OOD settings)
+CACHE_DATA_KEYS = ("source", "root", "img_size", "in_classes", "max_length", "seed")
+
+
 def _cache_key(model_cfg: dict, data_cfg: dict, seed: int) -> str:
-    blob = json.dumps({"model": model_cfg, "data": data_cfg, "seed": seed}, sort_keys=True, default=str)
+    data = {k: data_cfg[k] for k in CACHE_DATA_KEYS if k in data_cfg}
+    blob = json.dumps({"model": model_cfg, "data": data, "seed": seed}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _cached_state(cached: Path | None, device: torch.device | str) -> dict | None:
+    """The cached base weights, or None; a cache that is unreadable, holds NaN/inf or does not fit
+    is removed (it is retrained) rather than used."""
+    if cached is None or not cached.is_file():
+        return None
+    try:
+        state = load_weights(cached, device=str(device))
+    except WeightsError:
+        state = None
+    if state is None or non_finite(state):
+        warnings.warn(f"{cached}: unusable cached base model removed; training it again", stacklevel=2)
+        cached.unlink(missing_ok=True)
+        return None
+    return state
 
 
 def build_base(
@@ -83,8 +105,9 @@ def build_base(
     if tb:
         key = _cache_key(model_cfg, data_cfg, seed)
         cached = cache_dir / f"base-{key}.safetensors" if cache_dir is not None and tb.get("cache", True) else None
-        if cached is not None and all_true(cached.is_file()):
-            model.load_state_dict(load_weights(cached, device=str(device)))
+        state = _cached_state(cached, device)
+        if all_true(state is not None):
+            model.load_state_dict(state)
         else:
             cfg = TrainConfig(**{k: v for k, v in tb.items() if k not in ("cache", "trainable")}, seed=seed)
             head = {id(p) for p in family_of(model).classifier().parameters()}

@@ -45,9 +45,12 @@ class Importance:
         raise NotImplementedError
 
 
+MAX_MEMBERS = 64
+
+
 def _check_members(members: Any) -> int:
-    if isinstance(members, bool) or not isinstance(members, int) or members < 1:
-        raise OptionError(f"members: expected an integer >= 1, got {members!r}")
+    if isinstance(members, bool) or not isinstance(members, int) or not 1 <= members <= MAX_MEMBERS:
+        raise OptionError(f"members: expected an integer in 1..{MAX_MEMBERS}, got {members!r}")
     return members
 
 
@@ -146,6 +149,10 @@ class Merger:
     def check(self, family: Family) -> None:
         """Raise UnsupportedModelError if this merger cannot handle the family's architecture."""
 
+    def min_members(self) -> int:
+        """How many member masks this merger needs (checked against the prune step before work)."""
+        return 1
+
     def merge(
         self,
         base: nn.Module,
@@ -170,6 +177,10 @@ class Merger:
     def rebuild(cls, config: dict) -> nn.Module:
         """An empty model of the architecture `describe` wrote (weights are loaded after)."""
         raise NotImplementedError(f"{cls.__name__} cannot rebuild models from an export")
+
+    @classmethod
+    def verify(cls, model: nn.Module) -> None:
+        """Raise ExportError if a rebuilt model's loaded weights contradict its description."""
 
     @classmethod
     def write_extras(cls, model: nn.Module, folder: Any, masks: Sequence[HeadMask]) -> None:

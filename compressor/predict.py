@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from compressor.calibration import Calibrated, ood_scores
 from compressor.errors import InputError
+from compressor.io import json_text
 from compressor.outputs import logits_reader
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
@@ -156,7 +157,7 @@ def write_predictions(rows: list[dict], out: Path | None) -> str:
     """Rows as JSONL (out ends with .jsonl) or CSV (lists joined with ';'); written to `out`
     atomically, or returned as text when `out` is None."""
     if out is not None and out.suffix.lower() == ".jsonl":
-        text = "".join(json.dumps(r) + "\n" for r in rows)
+        text = "".join(json_text(r, indent=None) + "\n" for r in rows)
     else:
         buf = io.StringIO()
         fields = list(rows[0]) if rows else ["input"]

@@ -10,6 +10,8 @@ the file, the key path and what was expected, e.g.
 from __future__ import annotations
 
 import copy
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,9 +23,17 @@ from compressor.errors import InputError, OptionError, PluginError, RecipeError
 from compressor.registry import names, resolve
 from compressor.schema import NUM, Field, plugin_parameters, positive, validate_mapping
 
+
+def _between(lo: float, hi: float, what: str = "an integer") -> Callable[[Any], str | None]:
+    return lambda v: None if v is None or lo <= v <= hi else f"{what} in {lo}..{hi}"
+
+
+MAX_BATCH, MAX_STEPS = 65536, 100_000
+PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
 TRAIN_FIELDS: dict[str, Field] = {
-    "steps": Field((int,), 200, check=positive, doc="optimizer steps"),
-    "batch_size": Field((int,), 128, check=positive),
+    "steps": Field((int,), 200, check=_between(1, MAX_STEPS), doc="optimizer steps"),
+    "batch_size": Field((int,), 128, check=_between(1, MAX_BATCH)),
     "lr": Field(NUM, 1e-3, check=positive),
     "weight_decay": Field(NUM, 0.05),
     "warmup_steps": Field((int,), 10),
@@ -59,7 +69,21 @@ DATA_SCHEMA: dict[str, Field] = {
     "ood_roots": Field((list,), [], doc="image_folder: folders of OOD images"),
     "ood_val_roots": Field((list,), [], doc="image_folder: folders of validation outliers (default: synthetic)"),
     "ood_val_file": Field((str, type(None)), None, doc="text: validation outlier sentences, one per line"),
-    "img_size": Field((int,), 16, check=positive, doc="digits: upsampled image size"),
+    "img_size": Field(
+        (int, type(None)),
+        None,
+        check=positive,
+        doc="input size (digits: upsampled to it, default 16; images: the model's)",
+    ),
+    "mean": Field((list, type(None)), None, doc="image_folder: normalisation mean per channel (default: the model's)"),
+    "std": Field((list, type(None)), None, doc="image_folder: normalisation std per channel (default: the model's)"),
+    "interpolation": Field(
+        (str, type(None)), None, choices=(None, "bilinear", "bicubic", "nearest"), doc="image_folder: resize mode"
+    ),
+    "crop_pct": Field((int, float, type(None)), None, doc="image_folder: center-crop share at evaluation"),
+    "augment": Field(
+        (str,), "light", choices=("none", "light", "timm"), doc="image_folder: training augmentation (see README)"
+    ),
     "in_classes": Field(
         (list,),
         list(range(8)),
@@ -74,8 +98,8 @@ DATA_SCHEMA: dict[str, Field] = {
         doc="digits: in-distribution classes (the others are the near-OOD set)",
     ),
     "seed": Field((int,), 0, doc="data split seed"),
-    "batch_size": Field((int,), 256, check=positive, doc="evaluation/calibration batch size"),
-    "calibration_samples": Field((int,), 512, check=positive, doc="train samples used to score heads"),
+    "batch_size": Field((int,), 256, check=_between(1, MAX_BATCH), doc="evaluation/calibration batch size"),
+    "calibration_samples": Field((int,), 512, check=_between(1, 10_000_000), doc="train samples used to score heads"),
 }
 
 DISTRIBUTED_SCHEMA: dict[str, Field] = {
@@ -89,7 +113,14 @@ DISTRIBUTED_SCHEMA: dict[str, Field] = {
 }
 
 RECIPE_SCHEMA: dict[str, Field] = {
-    "name": Field((str,), "run"),
+    "name": Field(
+        (str,),
+        "run",
+        check=lambda v: (
+            None if PLAIN_NAME.match(v) and v not in (".", "..") else "a plain name (letters, digits, . _ -)"
+        ),
+        doc="run name: the run folder is runs/<name>",
+    ),
     "seed": Field((int,), 0),
     "out": Field((str, type(None)), None, doc="run folder (default runs/<name>)"),
     "cache_dir": Field((str, type(None)), None, doc="base-model cache (default: .cache beside the run folder)"),
@@ -134,9 +165,11 @@ def _check_plugin_options(where: str, key_path: str, kind: str, name: str, cls: 
                 f"expected one of {', '.join(params) or '(none)'}"
             )
     try:
-        cls(**options)  # a registered plugin class checks its values cheaply, before any work
+        cls(**options)  # a class of the kind asked for (checked) validates its values, before any work
     except (OptionError, TypeError, ValueError) as e:
         raise RecipeError(f"{where}: {key_path}: {e}") from e
+    except Exception as e:  # a third-party constructor that fails otherwise
+        raise RecipeError(f"{where}: {key_path}: {kind} '{name}' failed to start: {type(e).__name__}: {e}") from e
 
 
 def _validate_step(where: str, index: int, item: Any) -> tuple[str, dict]:
@@ -238,7 +271,12 @@ def apply_overrides(raw: dict, overrides: list[str], where: str) -> dict:
         if "=" not in item:
             raise RecipeError(f"{where}: --set {item!r}: expected key.path=value")
         path, _, text = item.partition("=")
-        value = yaml.safe_load(text)
+        try:
+            value = parse_yaml(text)
+        except yaml.YAMLError as e:
+            raise RecipeError(
+                f"{where}: --set {item!r}: the value is not valid YAML ({' '.join(str(e).split())})"
+            ) from e
         keys = path.split(".")
         node: Any = raw
         for j, k in enumerate(keys[:-1]):
@@ -274,18 +312,42 @@ def _child(node: Any, k: str, where: str, path: str, create: bool) -> Any:
     raise RecipeError(f"{where}: --set {path}: not a mapping or list")
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (YAML would keep the last)."""
+
+    def construct_mapping(self, node, deep=False):  # noqa: ANN001, ANN201
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key '{key}'", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_yaml(text: str) -> Any:
+    """YAML with safe types only and no duplicate keys."""
+    return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
-    """Read (yaml.safe_load), apply overrides, validate. Raises RecipeError naming the file."""
+    """Read (safe YAML, no duplicate keys), apply overrides, validate. Raises RecipeError naming the file."""
     path = Path(path)
     where = str(path)
+    if path.is_dir():
+        raise RecipeError(f"{where}: is a folder; expected a YAML recipe file")
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError as e:
         raise RecipeError(f"{where}: no such recipe file") from e
+    except UnicodeDecodeError as e:
+        raise RecipeError(f"{where}: not UTF-8 text (byte {e.start}); expected a YAML recipe file") from e
+    except OSError as e:
+        raise RecipeError(f"{where}: cannot be read ({e.strerror})") from e
     try:
-        raw = yaml.safe_load(text)
+        raw = parse_yaml(text)
     except yaml.YAMLError as e:
-        raise RecipeError(f"{where}: not valid YAML: {e}") from e
+        raise RecipeError(f"{where}: not valid YAML: {' '.join(str(e).split())}") from e
     if overrides:
         raw = apply_overrides(raw if isinstance(raw, dict) else {}, overrides, where)
     return validate_recipe(raw, where)

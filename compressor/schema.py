@@ -32,7 +32,7 @@ class Field:
 
 
 def positive(v: Any) -> str | None:
-    return None if v is None or v > 0 else "a number > 0"
+    return None if v is None or 0 < v < float("inf") else "a finite number > 0"
 
 
 def type_name(types: tuple[type, ...]) -> str:

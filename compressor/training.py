@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from compressor.data import sharded_batches
 from compressor.device import fp16_autocast, model_device
 from compressor.distributed import all_reduce_sum, is_distributed, is_main, world_size
-from compressor.errors import InputError
+from compressor.errors import InputError, WorkError
 from compressor.inference import predict
 from compressor.outliers import OutlierMaker
 from compressor.outputs import logits_reader
@@ -53,6 +53,18 @@ def mutual_information(logits: torch.Tensor) -> torch.Tensor:
     mean = p.mean(0)
     h_mean = -(mean * mean.clamp_min(1e-12).log()).sum(-1)
     return h_mean - (-(p * logp).sum(-1)).mean(0)
+
+
+def _stop_non_finite(model: nn.Module, best_state: dict | None, step: int, history: dict) -> None:
+    """Stop training at a non-finite loss: restore the last weights known good, then raise."""
+    kept = "the last evaluated weights were restored" if best_state is not None else "no finite weights were kept"
+    if best_state is not None:
+        model.load_state_dict(best_state)
+    model.eval()
+    raise WorkError(
+        f"training stopped at step {step + 1}: the loss is not finite (learning rate too high?); {kept} "
+        f"(from step {history['best_step']})"
+    )
 
 
 def heldout_nll(model: nn.Module, ds: Dataset, batch_size: int = 256) -> float:
@@ -99,6 +111,8 @@ def train(
         best_nll = heldout_nll(model, val_ds)
         history["val_nll"].append((0, best_nll))
         best_state = copy.deepcopy(model.state_dict())
+    # without a held-out set, the weights as given are what a diverged run falls back to
+    fallback = None if val_ds is not None else copy.deepcopy(model.state_dict())
     gen = torch.Generator().manual_seed(cfg.seed + 7919)
     device = model_device(model)
     scaler = torch.amp.GradScaler("cuda") if fp16_autocast() else None
@@ -124,6 +138,8 @@ def train(
             # [loss sum, real samples] of the whole global batch, so every rank divides by the same count
             count = torch.tensor(real, dtype=torch.float64, device=device)
             totals = all_reduce_sum(torch.stack([local_sum.detach().double(), count]))
+            if not bool(torch.isfinite(totals).all()):
+                _stop_non_finite(model, best_state if fallback is None else fallback, step, history)
             loss = local_sum / totals[1].to(local_sum.dtype)
             if cfg.disagreement and m > 1:
                 reward = (mutual_information(logits[:, n:]) * is_real).sum() / totals[1].to(local_sum.dtype)

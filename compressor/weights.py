@@ -14,8 +14,17 @@ from compressor.io import atomic_path
 __all__ = ["WeightsError", "load_weights", "save_weights"]
 
 
+def non_finite(state: dict[str, torch.Tensor]) -> list[str]:
+    """Names of the floating-point tensors of `state` holding NaN or infinity."""
+    return [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+
+
 def save_weights(state: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None) -> None:
-    """Save a state dict as safetensors (contiguous copies; shared tensors duplicated)."""
+    """Save a state dict as safetensors (contiguous copies; shared tensors duplicated). Weights
+    holding NaN or infinity are refused (a diverged training must not reach a cache or an export)."""
+    bad = non_finite(state)
+    if bad:
+        raise WeightsError(f"{path}: refusing to save weights with NaN/inf values ({', '.join(bad[:3])}, ...)")
     tensors = {k: v.detach().contiguous().clone() for k, v in state.items()}
     with atomic_path(Path(path)) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)

@@ -39,6 +39,9 @@ class PlainMerger(Merger):
             raise OptionError(f"member: expected an integer >= 0, got {member!r}")
         self.member = member
 
+    def min_members(self) -> int:
+        return self.member + 1
+
     def merge(
         self,
         base: nn.Module,
@@ -68,6 +71,7 @@ class PlainMerger(Merger):
             "arch": family.describe(),
             "heads": family.heads_per_block(),
             "mlp_hidden": family.mlp_widths(),
+            **family.standalone(),
         }
 
     @classmethod
@@ -78,6 +82,14 @@ class PlainMerger(Merger):
         heads, widths = config["heads"], config["mlp_hidden"]
         if len(heads) != family.num_blocks or len(widths) != family.num_blocks:
             raise ExportError(f"heads/mlp_hidden: expected {family.num_blocks} blocks, got {len(heads)}/{len(widths)}")
+        full_heads, full_widths = family.heads_per_block(), family.mlp_widths()
+        for key, values, full in (("heads", heads, full_heads), ("mlp_hidden", widths, full_widths)):
+            if not all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= f for v, f in zip(values, full)):
+                raise ExportError(
+                    f"{key}: expected per block an integer in 1..{max(full)} (the architecture's), got {values}"
+                )
+        if config.get("masks") and HeadMask.from_dict(config["masks"][0], where="masks[0]").num_kept() != heads:
+            raise ExportError("heads: do not match the head counts of 'masks'")
         for b, (h, w) in enumerate(zip(heads, widths)):
             if h < family.num_heads(b):
                 family.prune_heads_(b, list(range(h)))

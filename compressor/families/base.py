@@ -209,6 +209,10 @@ class Family(ABC):
         """Why the fused Hydra model could not reproduce this model (empty when it can)."""
         return []
 
+    def input_size(self) -> tuple[int, ...] | None:
+        """The input an image model takes, (channels, height, width); None when not an image model."""
+        return None
+
     def hydra_ends(self) -> tuple[nn.Module, nn.Module]:
         """Copies of the model's stem and head as modules the fused model runs:
         stem(inputs) -> (tokens [B, T, D], key_mask [B, T] bool or None) and
@@ -219,6 +223,11 @@ class Family(ABC):
         """Write a copy that the model's own library loads without compressor; return its folder
         name, or None when the family has no such format."""
         return None
+
+    def standalone(self) -> dict:
+        """What a user of the model's own library needs, beside the weights, to rebuild this
+        (pruned) model without compressor; recorded in a plain export's config.json."""
+        return {}
 
     # --- running ----------------------------------------------------------------------------
     def logits(self, inputs: Any) -> torch.Tensor:

@@ -92,6 +92,10 @@ class ClipVision(ClipTower):
             return self.model.projection
         return getattr(self.model, "classifier", nn.Identity())
 
+    def input_size(self) -> tuple[int, ...]:
+        c = self.config()
+        return (int(c.num_channels), int(c.image_size), int(c.image_size))
+
     def hydra_problems(self) -> list[str]:
         if type(self.model).__name__ == "CLIPVisionModel":
             return ["CLIPVisionModel is not supported; use CLIPForImageClassification or ZeroShotCLIP"]
@@ -126,9 +130,17 @@ class ClipVision(ClipTower):
 
     def save_pretrained(self, folder: Path, mask: HeadMask) -> str:
         if isinstance(self.model, ZeroShotCLIP):  # the vision tower alone, loadable by CLIPVisionModel
+            from safetensors.torch import save_file
+
             tower = self.tower()
             full = type(tower)(tower.config)
             save_full_size(ClipVision(tower), full, mask, Path(folder) / "hf_encoder")
+            head = {  # logits = logit_scale * normalize(projection(pooler_output)) @ class_embeds.T
+                "projection": self.model.projection.weight.detach().contiguous(),
+                "class_embeds": self.model.class_embeds.detach().contiguous(),
+                "logit_scale": self.model.logit_scale.detach().reshape(1).contiguous(),
+            }
+            save_file(head, str(Path(folder) / "hf_encoder" / "zero_shot_head.safetensors"))
             return "hf_encoder"
         save_full_size(self, type(self).empty(self.describe()), mask, Path(folder) / "hf_model")
         return "hf_model"

@@ -110,8 +110,17 @@ class TextEncoderFamily(TransformersFamily):
         return MeanPoolClassifier(encoder, int(mp["num_classes"]), int(mp["pad_token_id"])).eval()
 
     def save_pretrained(self, folder: Path, mask: HeadMask) -> str:
+        """The encoder for `AutoModel.from_pretrained`, and, for a MeanPoolClassifier, its head as
+        `mean_pool_head.safetensors` (logits = mean of the real tokens' states @ weight.T + bias)."""
         encoder = self.encoder()
-        save_full_size(type(self)(encoder), type(encoder)(encoder.config), mask, Path(folder) / "hf_encoder")
+        target = Path(folder) / "hf_encoder"
+        save_full_size(type(self)(encoder), type(encoder)(encoder.config), mask, target)
+        if isinstance(self.model, MeanPoolClassifier):
+            from safetensors.torch import save_file
+
+            head = self.model.head
+            tensors = {"weight": head.weight.detach().contiguous(), "bias": head.bias.detach().contiguous()}
+            save_file(tensors, str(target / "mean_pool_head.safetensors"), metadata={"pooling": "mean of real tokens"})
         return "hf_encoder"
 
 

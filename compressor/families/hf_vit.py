@@ -73,6 +73,10 @@ class HFViT(TransformersFamily):
     def classifier(self) -> nn.Module:
         return getattr(self.model, "classifier", nn.Identity())
 
+    def input_size(self) -> tuple[int, ...]:
+        c = self.config()
+        return (int(c.num_channels), int(c.image_size), int(c.image_size))
+
     def hydra_problems(self) -> list[str]:
         if not isinstance(self.model, _classes()[1]):
             return [f"{type(self.model).__name__} is not supported; use ViTForImageClassification"]

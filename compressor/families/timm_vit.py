@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from compressor.errors import UnsupportedModelError
+from compressor.errors import ExportError, UnsupportedModelError
 from compressor.families.base import AttentionSlots, BlockParts, Family, MlpSlots, Slot
 from compressor.registry import register
 
@@ -143,6 +143,10 @@ class TimmViT(Family):
     def classifier(self) -> nn.Module:
         return self.model.head
 
+    def input_size(self) -> tuple[int, ...]:
+        pe = self.model.patch_embed
+        return (int(pe.proj.in_channels), *map(int, pe.img_size))
+
     # --- hydra ------------------------------------------------------------------------------
     def hydra_problems(self) -> list[str]:
         from timm.layers import LayerNorm, Mlp
@@ -176,6 +180,28 @@ class TimmViT(Family):
         return TimmStem(self.model), TimmHead(self.model)
 
     # --- export -----------------------------------------------------------------------------
+    def standalone(self) -> dict:
+        """`timm.create_model(**config["timm"])`, then each block's `attn` replaced by
+        `timm.layers.Attention(dim, num_heads, attn_head_dim, **timm_attention, norm_layer=LayerNorm(eps))`
+        and `mlp` by `timm.layers.Mlp(dim, mlp_hidden, act_layer, **timm_mlp)`: the README's snippet."""
+        arch = self.describe()
+        blk = self.model.blocks[0]
+        return {
+            "timm": {"model_name": arch["model_name"], **arch["kwargs"]},
+            "timm_blocks": [
+                {"num_heads": self.num_heads(b), "head_dim": self.head_dim(b), "mlp_hidden": w}
+                for b, w in enumerate(self.mlp_widths())
+            ],
+            "timm_attention": {
+                "qkv_bias": blk.attn.qkv.bias is not None,
+                "qk_norm": not _is(blk.attn.q_norm),
+                "proj_bias": blk.attn.proj.bias is not None,
+            },
+            "timm_mlp": {"bias": blk.mlp.fc1.bias is not None},
+            "timm_norm_eps": float(blk.norm1.eps),
+            "timm_act_layer": self.activation(),
+        }
+
     def describe(self) -> dict:
         """timm.create_model arguments that rebuild this architecture (unpruned; the per-block
         head counts are recorded beside it by the merger)."""
@@ -235,12 +261,35 @@ class TimmViT(Family):
 
     @classmethod
     def empty(cls, arch: dict, depth: int | None = None) -> nn.Module:
+        """The architecture from timm's own arguments; only the architecture arguments `describe`
+        writes are accepted (no checkpoint paths, no pretrained weights)."""
         import timm
 
-        kwargs = dict(arch["kwargs"])
+        name, kwargs = arch.get("model_name"), arch.get("kwargs")
+        if not (isinstance(name, str) and timm.is_model(name)):
+            raise ExportError(f"arch.model_name: expected a timm model name, got {name!r}")
+        if not isinstance(kwargs, dict):
+            raise ExportError(f"arch.kwargs: expected a mapping, got {kwargs!r}")
+        unknown = sorted(set(kwargs) - ARCH_KWARGS)
+        if unknown:
+            allowed = ", ".join(sorted(ARCH_KWARGS))
+            raise ExportError(f"arch.kwargs.{unknown[0]}: not an architecture argument; expected one of {allowed}")
+        kwargs = dict(kwargs)
         if depth is not None:
             kwargs["depth"] = depth
-        return timm.create_model(arch["model_name"], pretrained=False, **kwargs).eval()
+        try:
+            return timm.create_model(name, pretrained=False, **kwargs).eval()
+        except (TypeError, ValueError, AssertionError) as e:
+            raise ExportError(f"arch.kwargs: timm.create_model('{name}', ...) refused them: {e}") from e
+
+
+# the timm VisionTransformer arguments `TimmViT.describe` writes: an export may hold nothing else
+ARCH_KWARGS = frozenset(
+    "img_size patch_size in_chans num_classes global_pool embed_dim depth num_heads mlp_ratio qkv_bias qk_norm "
+    "proj_bias init_values class_token no_embed_class reg_tokens pos_embed pre_norm final_norm fc_norm "
+    "pool_include_prefix dynamic_img_size drop_rate pos_drop_rate patch_drop_rate proj_drop_rate attn_drop_rate "
+    "drop_path_rate".split()
+)
 
 
 def _ratio_for(width: int, dim: int) -> float:

@@ -24,7 +24,12 @@ def _known_baselines(v: list) -> str | None:
 
 SCHEMA = {
     "baselines": Field((list,), ["base"], check=_known_baselines, doc="also evaluate: " + ", ".join(BASELINES)),
-    "deep_ensemble_size": Field((int, type(None)), None, doc="models in the deep_ensemble baseline (default M)"),
+    "deep_ensemble_size": Field(
+        (int, type(None)),
+        None,
+        check=lambda v: None if v is None or 1 <= v <= 16 else "an integer in 1..16",
+        doc="models in the deep_ensemble baseline (default M)",
+    ),
     "plots": Field((bool,), True),
 }
 

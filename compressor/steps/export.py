@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import PurePosixPath
+
 import torch
 
 from compressor.context import RunContext
@@ -10,8 +12,15 @@ from compressor.export import export_model
 from compressor.schema import Field
 from compressor.steps.base import needs_earlier, register_step
 
+
+def _inside_run_folder(v: str) -> str | None:
+    p = PurePosixPath(v)
+    ok = v.strip() not in ("", ".") and not p.is_absolute() and ".." not in p.parts and "\\" not in v
+    return None if ok else "a relative folder inside the run folder (no '..', not absolute)"
+
+
 SCHEMA = {
-    "dir": Field((str,), "export", doc="folder under the run folder"),
+    "dir": Field((str,), "export", check=_inside_run_folder, doc="folder under the run folder"),
     "onnx": Field((bool,), False, doc="also write model.onnx (needs onnx and onnxruntime)"),
 }
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import torch
 from torch import nn
 
 from compressor.context import RunContext
@@ -25,6 +26,7 @@ SCHEMA = {
     "steps": Field((int,), 100, check=lambda v: None if 0 < v <= 2000 else "an integer in 1..2000"),
     "lr": Field(NUM, 5e-4, check=positive),
     "bootstrap": Field((bool,), False, doc="ensembles: each member sees its own bootstrap weighting of every batch"),
+    "reinit_head": Field((bool,), False, doc="target members: each member's classifier re-initialised (its seed)"),
     "disagreement": Field(
         NUM,
         0.0,
@@ -79,6 +81,11 @@ def finetune(ctx: RunContext, cfg: dict) -> None:
     members = ctx.members or [masked_member(ctx.base, m) for m in ctx.masks]
     for i, member in enumerate(members):
         tc_i = TrainConfig(**{**tc.__dict__, "seed": tc.seed + i})
+        if cfg["reinit_head"]:
+            torch.manual_seed(tc_i.seed)
+            for module in family_of(member).classifier().modules():
+                if hasattr(module, "reset_parameters"):
+                    module.reset_parameters()
         ctx.log[f"finetune member {i}"] = train(member, ctx.data.train, ctx.data.val, tc_i, desc=f"finetune member {i}")
     ctx.members = members
     ctx.outcomes["finetune"] = f"{len(members)} members, {tc.steps} steps each"

@@ -7,7 +7,7 @@ from compressor.families import Family
 from compressor.recipe import plugin_options
 from compressor.registry import resolve
 from compressor.schema import Field
-from compressor.steps.base import needs_earlier, register_step
+from compressor.steps.base import StepList, needs_earlier, register_step
 
 SCHEMA = {"merger": Field((str,), required=True, doc="registered name or 'package.module:Class'")}
 
@@ -17,7 +17,18 @@ def _preflight(cfg: dict, family: Family) -> None:
     resolve("merger", cfg["merger"])(**plugin_options(cfg, "merger")).check(family)
 
 
-@register_step("merge", SCHEMA, plugin=("merger", "merger"), check=needs_earlier("prune"), preflight=_preflight)
+def _check(cfg: dict, earlier: StepList, later: StepList) -> str | None:
+    problem = needs_earlier("prune")(cfg, earlier, later)
+    if problem:
+        return problem
+    members = [c.get("members", 3) for n, c in earlier if n == "prune"][-1]
+    need = resolve("merger", cfg["merger"])(**plugin_options(cfg, "merger")).min_members()
+    if isinstance(members, int) and need > members:
+        return f"merger '{cfg['merger']}' needs {need} member masks; the prune step before it makes {members}"
+    return None
+
+
+@register_step("merge", SCHEMA, plugin=("merger", "merger"), check=_check, preflight=_preflight)
 def merge(ctx: RunContext, cfg: dict) -> None:
     """Turn the base model and the masks (or fine-tuned members) into one model."""
     merger = resolve("merger", cfg["merger"])(**plugin_options(cfg, "merger"))

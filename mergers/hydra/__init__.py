@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from compressor.errors import OptionError, UnsupportedModelError
+from compressor.errors import ExportError, OptionError, UnsupportedModelError
 from compressor.families import Family
 from compressor.masks import HeadMask
 from compressor.plugins import Merger
@@ -57,7 +57,21 @@ class HydraMerger(Merger):
 
     @classmethod
     def rebuild(cls, config: dict) -> nn.Module:
-        return HydraModel(HydraSpec.from_dict(config["hydra_spec"]))
+        spec = HydraSpec.from_dict(config.get("hydra_spec"))
+        masks = config.get("masks")
+        if masks is not None:  # the masks must say what the spec says
+            kept = [HeadMask.from_dict(m, where=f"masks[{i}]").num_kept() for i, m in enumerate(masks)]
+            if len(kept) != spec.members or any(
+                kept[m][b] != spec.heads[b][m] for m in range(spec.members) for b in range(len(spec.heads))
+            ):
+                raise ExportError("hydra_spec.heads: do not match the head counts of 'masks'")
+        return HydraModel(spec)
+
+    @classmethod
+    def verify(cls, model: nn.Module) -> None:
+        bad = model.padding_violations()
+        if bad:
+            raise ExportError(f"weights do not fit hydra_spec (non-zero padding in {', '.join(bad[:3])})")
 
 
 __all__ = [

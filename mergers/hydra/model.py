@@ -18,6 +18,7 @@ from compressor.errors import ExportError
 from compressor.families import family_class
 from compressor.outputs import EnsembleOutput
 from mergers.hydra.layers import (
+    GroupedLinear,
     HydraAttention,
     HydraMLP,
     MemberAffine,
@@ -80,11 +81,58 @@ class HydraSpec:
 
     @classmethod
     def from_dict(cls, d: dict) -> HydraSpec:
+        """A spec from an export's config, every key checked (types, ranges, consistency)."""
+        if not isinstance(d, dict):
+            raise ExportError(f"hydra_spec: expected a mapping, got {type(d).__name__}")
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ExportError(f"hydra_spec: unknown keys {unknown}")
-        return cls(**d)
+        unknown, missing = sorted(set(d) - known), sorted(k for k in ("family", "arch", "members", "dim") if k not in d)
+        if unknown or missing:
+            raise ExportError(f"hydra_spec: unknown keys {unknown}, missing keys {missing}")
+        spec = cls(**d)
+        spec.check()
+        return spec
+
+    def check(self) -> None:
+        """Raise ExportError naming the key unless the spec describes a buildable model."""
+
+        def need(ok: bool, key: str, expected: str) -> None:
+            if not ok:
+                raise ExportError(f"hydra_spec.{key}: expected {expected}, got {getattr(self, key)!r}")
+
+        is_int = lambda v, lo=1, hi=1 << 20: isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi  # noqa: E731
+        need(isinstance(self.family, str) and isinstance(self.arch, dict), "family", "a family name and its arch")
+        need(is_int(self.members, 1, 64), "members", "an integer in 1..64")
+        need(is_int(self.dim) and is_int(self.head_dim), "dim", "positive integers (dim, head_dim)")
+        m = self.members
+        need(
+            isinstance(self.heads, list)
+            and all(isinstance(b, list) and len(b) == m and all(is_int(h, 0, 4096) for h in b) for b in self.heads)
+            and all(max(b) > 0 for b in self.heads),
+            "heads",
+            f"one list of {m} head counts (0..4096, some > 0) per block",
+        )
+        need(self.mlp_mode in MLP_MODES, "mlp_mode", f"one of {', '.join(MLP_MODES)}")
+        widths = 1 if self.mlp_mode == "average" else m
+        need(
+            isinstance(self.mlp_hidden, list)
+            and len(self.mlp_hidden) == len(self.heads)
+            and all(isinstance(b, list) and len(b) == widths and all(is_int(w) for w in b) for b in self.mlp_hidden),
+            "mlp_hidden",
+            f"one list of {widths} positive MLP widths per block",
+        )
+        need(self.act in ACTIVATIONS, "act", f"one of {', '.join(ACTIVATIONS)}")
+        for key in ("pre_norm", "causal", "layer_scale", "qkv_bias", "proj_bias", "mlp_bias"):
+            need(isinstance(getattr(self, key), bool), key, "true/false")
+        for key in ("eps", "attn_drop", "proj_drop", "mlp_act_drop", "mlp_drop"):
+            need(
+                isinstance(getattr(self, key), (int, float)) and 0 <= getattr(self, key) < 1, key, "a number in [0, 1)"
+            )
+        need(self.qk_norm_eps is None or isinstance(self.qk_norm_eps, (int, float)), "qk_norm_eps", "a number or null")
+        need(
+            isinstance(self.shared, dict) and all(isinstance(v, bool) for v in self.shared.values()),
+            "shared",
+            "a mapping of part names to true/false",
+        )
 
     def is_shared(self, name: str) -> bool:
         return self.shared.get(name, True)
@@ -181,6 +229,16 @@ class HydraModel(nn.Module):
 
     def forward(self, inputs: torch.Tensor) -> EnsembleOutput:
         return EnsembleOutput.from_logits(self.forward_member_logits(inputs))
+
+    def padding_violations(self) -> list[str]:
+        """Grouped layers whose padding (weights outside every member's heads or units) is not
+        zero: weights that do not fit the spec's head counts or MLP widths."""
+        bad = []
+        for name, module in self.named_modules():
+            if isinstance(module, GroupedLinear) and module.padded:
+                if bool((module.weight.detach() * (1 - module.weight_mask)).abs().gt(0).any()):
+                    bad.append(name)
+        return bad
 
     def forward_member_logits(self, inputs: torch.Tensor) -> torch.Tensor:
         """Inputs (images or token ids) -> per-member logits [M, B, C]."""

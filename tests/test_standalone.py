@@ -1,0 +1,106 @@
+"""Exports that their own library loads without compressor: a plain timm export rebuilt with timm
+and torch alone (the README's snippet, run in a process that never imports compressor), and a
+MiniLM export read with transformers alone (encoder, tokenizer and mean-pool head)."""
+
+import subprocess
+import sys
+import textwrap
+
+import torch
+from safetensors.torch import save_file
+
+from compressor.data import digits_bundle
+from compressor.export import export_model
+from compressor.families import family_of
+from compressor.masks import HeadMask
+from compressor.mlp_units import with_top_units
+from mergers.plain import prune_physically
+
+from .conftest import make_vit
+from .helpers import ROOT
+
+NO_COMPRESSOR = "assert not any(m == 'compressor' or m.startswith('compressor.') for m in sys.modules), 'imported'\n"
+
+
+def _run_alone(script: str, cwd) -> subprocess.CompletedProcess:
+    """Python in a fresh process whose path does not reach this repository."""
+    return subprocess.run([sys.executable, "-I", "-c", script], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_plain_timm_export_rebuilds_with_timm_alone(tmp_path):
+    for shape in ("small_avg", "qk_norm"):
+        vit = make_vit(shape)
+        family = family_of(vit)
+        heads = family.heads_per_block()
+        mask = HeadMask.from_kept([list(range(0, h, 2)) for h in heads], heads)
+        mask = with_top_units(family, [mask], 0.5, [torch.randn(8, 1, 16, 16)])[0]
+        pruned = prune_physically(vit, mask)
+        folder = tmp_path / shape
+        export_model(pruned, folder, [mask], preprocessing=digits_bundle().preprocessing)
+        x = torch.randn(3, 1, 16, 16)
+        with torch.no_grad():
+            save_file({"x": x, "y": pruned(x)}, str(tmp_path / f"{shape}.safetensors"))
+        snippet = (
+            (ROOT / "README.md").read_text().split("# standalone_timm.py", 1)[1].split("\n", 1)[1].split("```", 1)[0]
+        )
+        snippet = snippet.replace('"runs/vit_prune/export"', repr(str(folder)))
+        check = textwrap.dedent(f"""
+            import sys
+            import torch
+            from safetensors.torch import load_file
+            ref = load_file({str(tmp_path / f"{shape}.safetensors")!r})
+            with torch.no_grad():
+                out = model(ref["x"])
+            torch.testing.assert_close(out, ref["y"], rtol=1e-5, atol=1e-5)
+            assert [b.attn.num_heads for b in model.blocks] == {family_of(pruned).heads_per_block()}
+            assert [b.mlp.fc1.out_features for b in model.blocks] == {family_of(pruned).mlp_widths()}
+        """)
+        result = _run_alone(snippet + check + NO_COMPRESSOR, tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_minilm_export_reads_with_transformers_alone(tmp_path):
+    """Encoder, tokenizer and mean-pool head from hf_encoder/, with transformers only, give the
+    exported classifier's logits."""
+    from transformers import AutoModel, AutoTokenizer
+
+    from compressor.families.classifiers import MeanPoolClassifier
+    from compressor.text import minilm_path
+
+    torch.manual_seed(0)
+    path = str(minilm_path())
+    tok = AutoTokenizer.from_pretrained(path)
+    model = MeanPoolClassifier(AutoModel.from_pretrained(path), 2, tok.pad_token_id).eval()
+    mask = HeadMask.from_kept([[m, m + 4, 11 - m] for m in range(6)], [12] * 6)
+    pruned = prune_physically(model, mask)
+    export_model(
+        pruned,
+        tmp_path / "exp",
+        [mask],
+        ["rotten", "fresh"],
+        preprocessing={"kind": "text", "tokenizer": path, "max_length": 16},
+    )
+    sentences = ["a quiet triumph", "dull and far too long, with nothing to say"]
+    ids = tok(sentences, padding="max_length", truncation=True, max_length=16, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        save_file({"logits": pruned(ids)}, str(tmp_path / "expected.safetensors"))
+    script = textwrap.dedent(f"""
+        import sys
+        import torch
+        from safetensors.torch import load_file
+        from transformers import AutoModel, AutoTokenizer
+        folder = {str(tmp_path / "exp" / "hf_encoder")!r}
+        tok = AutoTokenizer.from_pretrained(folder)
+        encoder = AutoModel.from_pretrained(folder).eval()
+        head = load_file(folder + "/mean_pool_head.safetensors")
+        batch = tok({sentences!r}, padding="max_length", truncation=True, max_length=16, return_tensors="pt")
+        with torch.no_grad():
+            states = encoder(**batch).last_hidden_state
+        m = batch["attention_mask"].unsqueeze(-1).float()
+        logits = ((states * m).sum(1) / m.sum(1)) @ head["weight"].T + head["bias"]
+        expected = load_file({str(tmp_path / "expected.safetensors")!r})["logits"]
+        torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+        assert tok.vocab_size > 30000, "the real vocabulary, not a stub"
+    """)
+    result = _run_alone(script + NO_COMPRESSOR, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
