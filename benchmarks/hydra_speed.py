@@ -2,6 +2,8 @@
 
     python benchmarks/hydra_speed.py                 # vit_tiny and vit_small shapes, batch 1 and 64
     python benchmarks/hydra_speed.py --shapes vit_tiny --batches 1 8 --repeats 5
+    python benchmarks/hydra_speed.py --dtype fp32 bf16   # bf16 autocast beside fp32, same run
+    python benchmarks/hydra_speed.py --device cuda --dtype fp32 bf16 --batches 64 256
 
 Every model is timed in the same process, round-robin (one call of each per round), and the
 median over rounds is reported with its ratio to the single model: machines here are shared and
@@ -25,6 +27,7 @@ import timm
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from compressor.device import check_precision, precision_context, resolve_device, synchronize
 from compressor.families import family_of
 from compressor.masks import HeadMask
 from compressor.outputs import DeepEnsemble
@@ -107,15 +110,20 @@ def peak_memory(shape: str, kind: str, batch: int, chunk_bytes: int) -> float:
     return json.loads(out.stdout.strip().splitlines()[-1])["peak_mb"]
 
 
-def time_round_robin(models: dict[str, torch.nn.Module], x: torch.Tensor, repeats: int) -> dict[str, float]:
+def time_round_robin(
+    models: dict[str, torch.nn.Module], x: torch.Tensor, repeats: int, device: torch.device, dtype: str
+) -> dict[str, float]:
+    """Median latency per model, one call of each per round; under autocast for bf16/fp16."""
     times: dict[str, list[float]] = {k: [] for k in models}
-    with torch.no_grad():
+    with torch.no_grad(), precision_context(device, dtype):
         for m in models.values():
             m(x)  # warm-up
         for _ in range(repeats):
             for name, m in models.items():
+                synchronize(device)
                 t0 = time.perf_counter()
                 m(x)
+                synchronize(device)
                 times[name].append(time.perf_counter() - t0)
     return {k: statistics.median(v) for k, v in times.items()}
 
@@ -125,6 +133,8 @@ def main() -> None:
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--batches", nargs="+", type=int, default=[1, 64])
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
+    p.add_argument("--dtype", nargs="+", default=["fp32"], choices=["fp32", "bf16", "fp16"], help="autocast precisions")
     p.add_argument("--no-memory", action="store_true", help="skip the per-model peak-memory subprocesses")
     p.add_argument(
         "--chunk-mib", type=float, default=None, help="inference_chunk_bytes in MiB for every model (0: no chunking)"
@@ -135,28 +145,36 @@ def main() -> None:
     if args.child:
         peak_memory_child(args.child[0], args.child[1], int(args.child[2]), int(args.child[3]))
         return
+    device = resolve_device(args.device)
+    for dtype in args.dtype:
+        check_precision(dtype, device)
     torch.manual_seed(0)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, CPU; "
-        f"median of {args.repeats} round-robin rounds; inference chunks of {chunk / 2**20:g} MiB\n"
+        f"torch {torch.__version__}, {where}; median of {args.repeats} round-robin rounds; "
+        f"inference chunks of {chunk / 2**20:g} MiB (CPU only)\n"
     )
-    print("| shape | batch | model | latency ms | x single | peak MB | x single | GFLOPs | x single | params M |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| shape | batch | model | dtype | latency ms | x single | x fp32 | peak MB | GFLOPs | x single | params M |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for shape in args.shapes:
-        models = {k: build(shape, k, chunk) for k in MODELS}
+        models = {k: build(shape, k, chunk).to(device) for k in MODELS}
         for batch in args.batches:
-            x = torch.randn(batch, 3, 224, 224)
-            lat = time_round_robin(models, x, args.repeats if batch > 1 else 5 * args.repeats)
+            x = torch.randn(batch, 3, 224, 224, device=device)
+            reps = args.repeats if batch > 1 else 5 * args.repeats
+            lat = {dtype: time_round_robin(models, x, reps, device, dtype) for dtype in args.dtype}
             fl = {k: flops(m, x) for k, m in models.items()}
-            mem = {k: (float("nan") if args.no_memory else peak_memory(shape, k, batch, chunk)) for k in models}
-            for k, m in models.items():
-                params = sum(q.numel() for q in m.parameters()) / 1e6
-                print(
-                    f"| {shape} | {batch} | {k} | {lat[k] * 1e3:.1f} | {lat[k] / lat['single']:.2f} | "
-                    f"{mem[k]:.0f} | {mem[k] / max(mem['single'], 1e-9):.2f} | {fl[k] / 1e9:.1f} | "
-                    f"{fl[k] / fl['single']:.2f} | {params:.1f} |",
-                    flush=True,
-                )
+            use_mem = not args.no_memory and device.type == "cpu"
+            mem = {k: (peak_memory(shape, k, batch, chunk) if use_mem else float("nan")) for k in models}
+            for dtype in args.dtype:
+                for k, m in models.items():
+                    params = sum(q.numel() for q in m.parameters()) / 1e6
+                    vs_fp32 = lat[dtype][k] / lat["fp32"][k] if "fp32" in lat else float("nan")
+                    print(
+                        f"| {shape} | {batch} | {k} | {dtype} | {lat[dtype][k] * 1e3:.1f} | "
+                        f"{lat[dtype][k] / lat[dtype]['single']:.2f} | {vs_fp32:.2f} | {mem[k]:.0f} | "
+                        f"{fl[k] / 1e9:.1f} | {fl[k] / fl['single']:.2f} | {params:.1f} |",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":

@@ -60,6 +60,14 @@ def digit_rows(ft: int) -> dict[str, tuple[str | None, list[dict]]]:
             "taylor-units",
             [_prune("taylor", mlp_keep_ratio=1 / 3), members_tune, _hydra("pruned")],
         ),
+        "hydra taylor pruned + members tuned separately, heads re-initialised": (
+            "taylor-units",
+            [
+                _prune("taylor", mlp_keep_ratio=1 / 3),
+                {"finetune": {**members_tune["finetune"], "reinit_head": True}},
+                _hydra("pruned"),
+            ],
+        ),
         "hydra taylor pruned + bootstrap fine-tune": (
             "taylor",
             [taylor, _hydra("pruned"), {"finetune": {**tune["finetune"], "bootstrap": True}}],
@@ -67,10 +75,6 @@ def digit_rows(ft: int) -> dict[str, tuple[str | None, list[dict]]]:
         "hydra taylor pruned + disagreement 0.3": (
             "taylor",
             [taylor, _hydra("pruned"), {"finetune": {**tune["finetune"], "disagreement": 0.3}}],
-        ),
-        "hydra taylor pruned + disagreement 1.0": (
-            "taylor",
-            [taylor, _hydra("pruned"), {"finetune": {**tune["finetune"], "disagreement": 1.0}}],
         ),
         "hydra circuit pruned, objective per member": (
             "circuit-mixed",
@@ -96,7 +100,12 @@ ROW_SETS = {
         "hydra circuit grouped",
         "hydra circuit pruned",
     ],
-    "check": ["single taylor-pruned", "hydra taylor pruned", "hydra taylor pruned + members tuned separately"],
+    "check": [
+        "single taylor-pruned",
+        "hydra taylor pruned",
+        "hydra circuit pruned",
+        "hydra taylor pruned + members tuned separately, heads re-initialised",
+    ],
 }
 
 
@@ -157,6 +166,20 @@ def run_seed(args: argparse.Namespace, seed: int, rows: dict, out: Path) -> dict
     return result
 
 
+def write_results(tag: str, seeds: list[int], rows: list[str], per_seed: list[dict], minutes: float) -> None:
+    """Mean and std over seeds of every row: benchmarks/results/uq_table_<tag>.json and .md."""
+    names = list(per_seed[0])
+    mean = {n: {k: float(np.mean([r[n][k] for r in per_seed])) for k in per_seed[0][n]} for n in names}
+    std = {n: {k: float(np.std([r[n][k] for r in per_seed])) for k in per_seed[0][n]} for n in names}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    payload = {"seeds": seeds, "rows": rows, "mean": mean, "std": std, "per_seed": per_seed, "minutes": minutes}
+    (RESULTS / f"uq_table_{tag}.json").write_text(json.dumps(payload, indent=1))
+    table = markdown_table(mean, std)
+    (RESULTS / f"uq_table_{tag}.md").write_text(table)
+    print(f"\nmean ± std over seeds {seeds} ({minutes} min of compute)\n")
+    print(table)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
@@ -166,27 +189,22 @@ def main() -> None:
     p.add_argument("--text", action="store_true", help="MiniLM on the bundled Rotten Tomatoes sample")
     p.add_argument("--out", default="runs/uq_table")
     p.add_argument("--tag", default=None, help="results file name (default: digits or text, plus the split)")
+    p.add_argument("--merge", nargs="+", default=None, metavar="TAG", help="combine result files (seeds) into --tag")
     args = p.parse_args()
+    if args.merge:  # seeds run in separate processes, joined into one table
+        parts = [json.loads((RESULTS / f"uq_table_{t}.json").read_text()) for t in args.merge]
+        seeds = [s for part in parts for s in part["seeds"]]
+        per_seed = [r for part in parts for r in part["per_seed"]]
+        write_results(args.tag, seeds, parts[0]["rows"], per_seed, sum(part["minutes"] for part in parts))
+        return
     every = text_rows(args.finetune_steps) if args.text else digit_rows(args.finetune_steps)
     wanted = list(every) if args.rows == "all" else ROW_SETS.get(args.rows) or args.rows.split(";")
     rows = {n: every[n] for n in wanted}
-    out = Path(args.out)
     t0 = time.time()
-    per_seed = [run_seed(args, s, rows, out) for s in args.seeds]
-    names = list(per_seed[0])
-    mean = {n: {k: float(np.mean([r[n][k] for r in per_seed])) for k in per_seed[0][n]} for n in names}
-    std = {n: {k: float(np.std([r[n][k] for r in per_seed])) for k in per_seed[0][n]} for n in names}
-    tag = args.tag or (
-        "text" if args.text else "digits" + ("" if not args.in_classes else "_in" + "".join(map(str, args.in_classes)))
-    )
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    payload = {"seeds": args.seeds, "rows": wanted, "mean": mean, "std": std, "per_seed": per_seed}
-    payload["minutes"] = round((time.time() - t0) / 60, 1)
-    (RESULTS / f"uq_table_{tag}.json").write_text(json.dumps(payload, indent=1))
-    table = markdown_table(mean, std)
-    (RESULTS / f"uq_table_{tag}.md").write_text(table)
-    print(f"\nmean ± std over seeds {args.seeds} ({payload['minutes']} min)\n")
-    print(table)
+    per_seed = [run_seed(args, s, rows, Path(args.out)) for s in args.seeds]
+    split = "" if not args.in_classes else "_in" + "".join(map(str, args.in_classes))
+    tag = args.tag or ("text" if args.text else "digits" + split)
+    write_results(tag, args.seeds, wanted, per_seed, round((time.time() - t0) / 60, 1))
 
 
 if __name__ == "__main__":

@@ -72,14 +72,85 @@ def with_disjoint_units(
     return [mask.with_units([sorted(r[i::m].tolist()) for r in ranks], widths) for i, mask in enumerate(masks)]
 
 
+def unit_scores(
+    family: Family, mask: HeadMask, calibration: Sequence[tuple] | None, criterion: str = "activation"
+) -> list[torch.Tensor]:
+    """Per block, each MLP unit's importance for the member `mask` describes: `activation` (this
+    project's rule, `mlp_unit_scores`) or torch-pruning's `taylor`, `magnitude`, `hessian`."""
+    batches = list(calibration or [])
+    if criterion == "activation":  # inputs only: (inputs, labels) batches or bare input tensors
+        return mlp_unit_scores(family, mask, [b[0] if isinstance(b, (tuple, list)) else b for b in batches])
+    if not all(isinstance(b, (tuple, list)) and len(b) > 1 for b in batches):
+        raise ValueError(f"mlp_importance '{criterion}': needs labelled calibration batches")
+    return tp_unit_scores(family, mask, batches, criterion)
+
+
 def with_top_units(
-    family: Family, masks: Sequence[HeadMask], keep_ratio: float, calibration: Sequence[torch.Tensor] | None
+    family: Family,
+    masks: Sequence[HeadMask],
+    keep_ratio: float,
+    calibration: Sequence[tuple] | None,
+    criterion: str = "activation",
 ) -> list[HeadMask]:
-    """Each mask keeping, per block, the `keep_ratio` share of MLP units its member scores highest."""
+    """Each mask keeping, per block, the `keep_ratio` share of MLP units its member scores highest
+    (`calibration`: (inputs, labels) batches, or input tensors for the activation rule)."""
     widths = family.mlp_widths()
     keeps = [max(1, int(round(keep_ratio * w))) for w in widths]
     out = []
     for mask in masks:
-        scores = mlp_unit_scores(family, mask, calibration)
+        scores = unit_scores(family, mask, calibration, criterion)
         out.append(mask.with_units([top_units(s, k).tolist() for s, k in zip(scores, keeps)], widths))
     return out
+
+
+TP_CRITERIA = ("taylor", "magnitude", "hessian")  # torch-pruning's GroupTaylor / GroupMagnitude / GroupHessian
+
+
+def tp_unit_scores(
+    family: Family, mask: HeadMask, batches: Sequence[tuple], criterion: str = "taylor"
+) -> list[torch.Tensor]:
+    """Per block, torch-pruning's group importance of each MLP unit (the group rooted at fc1's
+    output channels: fc1's rows and fc2's columns together), with the member's heads gated.
+
+    `taylor` and `hessian` differentiate the cross-entropy on labelled `batches` (hessian: per
+    sample, on up to 64 samples); `magnitude` reads the weights only. torch-pruning's own
+    normalisation (scores divided by their mean in each group) is kept.
+    """
+    import torch.nn.functional as F
+    import torch_pruning as tp
+
+    from compressor.surgery import dependency_graph
+
+    if criterion not in TP_CRITERIA:
+        raise ValueError(f"mlp_importance: expected one of {', '.join(TP_CRITERIA)} or activation, got '{criterion}'")
+    imp = {
+        "taylor": tp.importance.GroupTaylorImportance,
+        "magnitude": tp.importance.GroupMagnitudeImportance,
+        "hessian": tp.importance.GroupHessianImportance,
+    }[criterion]()
+    model = family.model
+    graph = dependency_graph(family)
+    with family.masked(HeadMask(mask.blocks)):
+        model.zero_grad(set_to_none=True)
+        if criterion == "taylor":
+            for x, y, *_ in batches:
+                logits = family.logits(x).float()
+                F.cross_entropy(logits, y.to(logits.device), reduction="sum").div(len(y)).backward()
+        elif criterion == "hessian":
+            seen = 0
+            for x, y, *_ in batches:
+                for i in range(len(y)):
+                    if seen >= 64:
+                        break
+                    model.zero_grad(set_to_none=True)
+                    logits = family.logits(x[i : i + 1]).float()
+                    F.cross_entropy(logits, y[i : i + 1].to(logits.device)).backward()
+                    imp.accumulate_grad(model)
+                    seen += 1
+        scores = []
+        for b in range(family.num_blocks):
+            fc1 = family.mlp(b).fc1.get()
+            group = graph.get_pruning_group(fc1, tp.prune_linear_out_channels, idxs=list(range(fc1.out_features)))
+            scores.append(imp(group).detach().float().cpu())
+    model.zero_grad(set_to_none=True)
+    return scores

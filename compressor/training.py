@@ -44,6 +44,8 @@ class TrainConfig:
     seed: int = 0
     bootstrap: bool = False  # ensembles: each member weighs each sample by its own Poisson(1) draw
     disagreement: float = 0.0  # ensembles: reward for member disagreement on synthetic outliers
+    distill_alpha: float = 0.0  # weight of logit distillation from a teacher (0: plain cross-entropy)
+    distill_temperature: float = 2.0
 
 
 def mutual_information(logits: torch.Tensor) -> torch.Tensor:
@@ -81,6 +83,7 @@ def train(
     cfg: TrainConfig,
     desc: str = "train",
     make_outliers: OutlierMaker | None = None,
+    teacher: nn.Module | None = None,
 ) -> dict:
     """Train `model` in place for `cfg.steps` steps; return the history (losses, val NLL, best step).
 
@@ -89,6 +92,8 @@ def train(
     weighs each sample by a per-member Poisson(1) draw (bagging inside one fused model);
     `cfg.disagreement` subtracts that multiple of the members' mutual information on synthetic
     outliers made from each batch by `make_outliers` (rewarding disagreement off the data).
+    With a `teacher` and `cfg.distill_alpha` > 0, each member's loss is (1 - alpha) cross-entropy
+    + alpha T^2 KL(teacher || member) at temperature T (Hinton et al. 2015 logit distillation).
     """
     torch.manual_seed(cfg.seed)
     net = model
@@ -114,6 +119,9 @@ def train(
     # without a held-out set, the weights as given are what a diverged run falls back to
     fallback = None if val_ds is not None else copy.deepcopy(model.state_dict())
     gen = torch.Generator().manual_seed(cfg.seed + 7919)
+    read_teacher = logits_reader(teacher) if teacher is not None and cfg.distill_alpha > 0 else None
+    if read_teacher is not None:
+        teacher.eval()
     device = model_device(model)
     scaler = torch.amp.GradScaler("cuda") if fp16_autocast() else None
     if cfg.disagreement and make_outliers is None:
@@ -131,6 +139,13 @@ def train(
             per = F.cross_entropy(
                 logits[:, :n].reshape(m * n, -1), y.repeat(m), label_smoothing=cfg.label_smoothing, reduction="none"
             ).view(m, n)
+            if read_teacher is not None:
+                t = cfg.distill_temperature
+                with torch.no_grad():
+                    target = (read_teacher(teacher(x))[0].float() / t).log_softmax(-1)  # [B, C]
+                student = (logits[:, :n].float() / t).log_softmax(-1)  # [M, B, C]
+                kl = (target.exp() * (target - student)).sum(-1) * (t * t)
+                per = (1 - cfg.distill_alpha) * per + cfg.distill_alpha * kl.to(per.dtype)
             if cfg.bootstrap and m > 1:
                 per = per * torch.poisson(torch.ones(m, n), generator=gen).to(per)
             is_real = (torch.arange(n, device=device) < real).to(per.dtype)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -13,22 +12,7 @@ from compressor.errors import ExportError, MaskError, OptionError
 from compressor.families import family_class, family_of
 from compressor.masks import HeadMask
 from compressor.plugins import Merger
-
-
-def prune_physically(model: nn.Module, mask: HeadMask) -> nn.Module:
-    """A copy of `model` with the heads `mask` drops removed from its weights (no gates left)."""
-    pruned = copy.deepcopy(model)
-    family = family_of(pruned)
-    family.remove_gates()
-    mask.validate(
-        family.heads_per_block(), allow_empty_blocks=False, where="plain merger", mlp_widths=family.mlp_widths()
-    )
-    for b in range(family.num_blocks):
-        if mask.num_kept()[b] < family.num_heads(b):
-            family.prune_heads_(b, mask.kept_indices(b))
-        if mask.units is not None and len(mask.kept_units(b)) < family.mlp_widths()[b]:
-            family.prune_mlp_units_(b, mask.kept_units(b))
-    return pruned
+from compressor.surgery import prune_physically
 
 
 class PlainMerger(Merger):

@@ -124,3 +124,20 @@ def test_selective_risks_hand_computed():
     # selective risk at coverage 1/4..4/4: 0, 1/2, 1/3, 2/4; generalized: 0, 1/4, 1/4, 2/4
     assert M.aurc(p, y) == pytest.approx((0 + 1 / 2 + 1 / 3 + 2 / 4) / 4)
     assert M.augrc(p, y) == pytest.approx((0 + 1 / 4 + 1 / 4 + 2 / 4) / 4)
+
+
+def test_metrics_agree_with_torchmetrics():
+    """ECE (continuous confidences never sit on a bin edge, where the conventions differ), AUROC
+    and AUPR (OOD positive) equal torchmetrics' values."""
+    import torch
+    import torchmetrics.functional.classification as tm
+
+    p, y = rand_probs(500, 6, seed=7)
+    pt, yt = torch.tensor(p, dtype=torch.float64), torch.tensor(y)
+    assert M.ece(p, y) == pytest.approx(float(tm.multiclass_calibration_error(pt, yt, 6, n_bins=15)), abs=1e-6)
+    rng = np.random.default_rng(8)
+    s_in, s_out = rng.normal(0, 1, 300), rng.normal(0.7, 1, 200)
+    s = torch.tensor(np.r_[s_in, s_out])
+    target = torch.tensor([0] * 300 + [1] * 200)
+    assert M.auroc(s_in, s_out) == pytest.approx(float(tm.binary_auroc(s, target)), abs=1e-6)
+    assert M.aupr(s_in, s_out) == pytest.approx(float(tm.binary_average_precision(s, target)), abs=1e-6)

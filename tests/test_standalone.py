@@ -104,3 +104,41 @@ def test_minilm_export_reads_with_transformers_alone(tmp_path):
     """)
     result = _run_alone(script + NO_COMPRESSOR, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_uniformly_pruned_hf_vit_exports_smaller_and_reloads_with_transformers(tmp_path):
+    from transformers import ViTForImageClassification
+
+    from .test_hf import _hf_classifier, _hf_inputs
+
+    model = _hf_classifier("vit")
+    x = _hf_inputs("vit")
+    mask = HeadMask.from_kept([[0, 2], [1, 3]], [4, 4]).with_units([list(range(0, 64, 2))] * 2, [64, 64])
+    pruned = prune_physically(model, mask)
+    export_model(pruned, tmp_path / "e", [mask])
+    alone = ViTForImageClassification.from_pretrained(str(tmp_path / "e" / "hf_model")).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(alone(x).logits, pruned(x).logits, rtol=1e-5, atol=1e-5)
+    assert sum(p.numel() for p in alone.parameters()) == sum(p.numel() for p in pruned.parameters())
+    assert sum(p.numel() for p in alone.parameters()) < sum(p.numel() for p in model.parameters())
+
+
+def test_unevenly_pruned_minilm_keeps_zero_weights_for_transformers(tmp_path):
+    """BERT cannot describe different sizes per layer: the transformers copy holds zeros for the
+    removed heads and MLP units and still gives the pruned model's outputs."""
+    from transformers import AutoModel
+
+    from compressor.families.classifiers import MeanPoolClassifier
+    from compressor.text import minilm_path
+
+    model = MeanPoolClassifier(AutoModel.from_pretrained(str(minilm_path())), 2).eval()
+    heads = [list(range(12 - b)) for b in range(6)]
+    mask = HeadMask.from_kept(heads, [12] * 6).with_units([list(range(0, 1536, 1 + b)) for b in range(6)], [1536] * 6)
+    pruned = prune_physically(model, mask)
+    export_model(pruned, tmp_path / "e", [mask])
+    encoder = AutoModel.from_pretrained(str(tmp_path / "e" / "hf_encoder")).eval()
+    ids = torch.tensor([[101, 2023, 2003, 1037, 3231, 102, 0, 0]])
+    with torch.no_grad():
+        ours = pruned.encoder(input_ids=ids, attention_mask=(ids != 0).long()).last_hidden_state
+        theirs = encoder(input_ids=ids, attention_mask=(ids != 0).long()).last_hidden_state
+    torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4)

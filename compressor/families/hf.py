@@ -182,7 +182,8 @@ class PooledHead(nn.Module):
 def save_full_size(family: Family, empty_full: nn.Module, mask: HeadMask, folder: Path) -> None:
     """`save_pretrained` of a head-pruned model as its full-size architecture (`empty_full`),
     the removed heads written as zero weights at their original places, so that transformers'
-    `from_pretrained` loads it without this project and gives the pruned model's outputs.
+    `from_pretrained` loads it without this project and gives the pruned model's outputs; removed
+    MLP units likewise become zero rows/columns.
 
     transformers 5 cannot describe a different head count per layer (no `pruned_heads`), so this
     copy is not smaller; the physically smaller weights are the export's model.safetensors.
@@ -206,4 +207,15 @@ def save_full_size(family: Family, empty_full: nn.Module, mask: HeadMask, folder
                     bf.view(-1)[cols] = bs.reshape(-1)
             wf.o.zero_()
             wf.o.view(wf.o.shape[0], -1)[:, cols] = ws.o.reshape(ws.o.shape[0], -1)
+            if mask.units is not None:  # removed MLP units: zero rows of fc1, zero columns of fc2
+                units = torch.as_tensor(mask.kept_units(b), dtype=torch.long)
+                mf, ms = full.mlp(b), family.mlp(b)
+                f1, s1, f2, s2 = mf.fc1.get(), ms.fc1.get(), mf.fc2.get(), ms.fc2.get()
+                f1.weight.zero_()
+                f1.weight[units] = s1.weight
+                if f1.bias is not None:
+                    f1.bias.zero_()
+                    f1.bias[units] = s1.bias
+                f2.weight.zero_()
+                f2.weight[:, units] = s2.weight
     empty_full.save_pretrained(str(folder))

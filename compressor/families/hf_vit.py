@@ -3,6 +3,7 @@ pre-norm layers (`layernorm_before`/`layernorm_after`), class-token classifier."
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -99,5 +100,16 @@ class HFViT(TransformersFamily):
         return model_cls(model_cls.config_class.from_dict(with_depth(arch["config"], depth))).eval()
 
     def save_pretrained(self, folder: Path, mask: HeadMask) -> str:
+        """Physically smaller when every layer keeps as many heads and MLP units as the others
+        (transformers' ViT reads `config.head_dim`, so the config can say so); otherwise the
+        full-size copy with removed heads and units as zeros."""
+        heads, widths = set(self.heads_per_block()), set(self.mlp_widths())
+        if len(heads) == 1 and len(widths) == 1:
+            small = copy.deepcopy(self.model)
+            small.config.num_attention_heads = heads.pop()
+            small.config.head_dim = self.head_dim(0)
+            small.config.intermediate_size = widths.pop()
+            small.save_pretrained(str(Path(folder) / "hf_model"))
+            return "hf_model"
         save_full_size(self, type(self).empty(self.describe()), mask, Path(folder) / "hf_model")
         return "hf_model"

@@ -27,6 +27,16 @@ SCHEMA = {
     "lr": Field(NUM, 5e-4, check=positive),
     "bootstrap": Field((bool,), False, doc="ensembles: each member sees its own bootstrap weighting of every batch"),
     "reinit_head": Field((bool,), False, doc="target members: each member's classifier re-initialised (its seed)"),
+    "distill": Field(
+        (dict, type(None)),
+        None,
+        schema={
+            "teacher": Field((str,), "base", choices=("base",), doc="the unpruned base model"),
+            "alpha": Field(NUM, 0.5, check=lambda v: None if 0 <= v <= 1 else "a number in [0, 1]"),
+            "temperature": Field(NUM, 2.0, check=positive),
+        },
+        doc="logit distillation from the base: (1 - alpha) CE + alpha T^2 KL",
+    ),
     "disagreement": Field(
         NUM,
         0.0,
@@ -62,7 +72,10 @@ def _check(cfg: dict, earlier: StepList, later: StepList) -> str | None:
 
 def train_config(ctx: RunContext, cfg: dict) -> TrainConfig:
     keys = TrainConfig.__dataclass_fields__
-    return TrainConfig(**{k: v for k, v in cfg.items() if k in keys and k != "seed"}, seed=ctx.recipe.seed)
+    tc = TrainConfig(**{k: v for k, v in cfg.items() if k in keys and k != "seed"}, seed=ctx.recipe.seed)
+    if cfg.get("distill"):
+        tc.distill_alpha, tc.distill_temperature = cfg["distill"]["alpha"], cfg["distill"]["temperature"]
+    return tc
 
 
 @register_step("finetune", SCHEMA, check=_check)
@@ -72,9 +85,16 @@ def finetune(ctx: RunContext, cfg: dict) -> None:
     if target == "auto":
         target = "merged" if ctx.merged is not None else "members"
     tc = train_config(ctx, cfg)
+    teacher = ctx.base if cfg.get("distill") else None
     if target == "merged":
         ctx.log["finetune merged"] = train(
-            ctx.merged, ctx.data.train, ctx.data.val, tc, desc="finetune merged", make_outliers=ctx.data.make_outliers
+            ctx.merged,
+            ctx.data.train,
+            ctx.data.val,
+            tc,
+            desc="finetune merged",
+            make_outliers=ctx.data.make_outliers,
+            teacher=teacher,
         )
         ctx.outcomes["finetune"] = f"merged model, {len(ctx.log['finetune merged']['loss'])} steps"
         return
@@ -86,6 +106,8 @@ def finetune(ctx: RunContext, cfg: dict) -> None:
             for module in family_of(member).classifier().modules():
                 if hasattr(module, "reset_parameters"):
                     module.reset_parameters()
-        ctx.log[f"finetune member {i}"] = train(member, ctx.data.train, ctx.data.val, tc_i, desc=f"finetune member {i}")
+        ctx.log[f"finetune member {i}"] = train(
+            member, ctx.data.train, ctx.data.val, tc_i, desc=f"finetune member {i}", teacher=teacher
+        )
     ctx.members = members
     ctx.outcomes["finetune"] = f"{len(members)} members, {tc.steps} steps each"

@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+from compressor.budget import budget_mask
 from compressor.context import RunContext
 from compressor.distributed import is_main
+from compressor.errors import InputError
 from compressor.families import Family
 from compressor.io import atomic_write_text, json_text
 from compressor.mask_checks import check_pruner_masks
 from compressor.masks import save_masks
-from compressor.mlp_units import with_disjoint_units, with_top_units
+from compressor.mlp_units import TP_CRITERIA, unit_scores, with_disjoint_units, with_top_units
 from compressor.recipe import plugin_options
 from compressor.registry import resolve
 from compressor.schema import Field
 from compressor.steps.base import register_step
+
+
+def _target(v: dict | None) -> str | None:
+    if v is None:
+        return None
+    ok = len(v) == 1 and next(iter(v)) in ("flops", "params") and isinstance(next(iter(v.values())), (int, float))
+    return None if ok and 0 < next(iter(v.values())) < 1 else "{flops: r} or {params: r} with r in (0, 1)"
+
 
 SCHEMA = {
     "pruner": Field((str,), required=True, doc="registered name or 'package.module:Class'"),
@@ -21,6 +31,18 @@ SCHEMA = {
         None,
         check=lambda v: None if v is None or 0 < v <= 1 else "a number in (0, 1]",
         doc="also choose each member's MLP units: this share per block, by the member's own unit importance",
+    ),
+    "mlp_importance": Field(
+        (str,),
+        "activation",
+        choices=("activation", *TP_CRITERIA),
+        doc="MLP-unit importance: activation, or torch-pruning's taylor, magnitude, hessian",
+    ),
+    "target": Field(
+        (dict, type(None)),
+        None,
+        check=_target,
+        doc="{flops: r} or {params: r}: remove heads and MLP units together until this share is left",
     ),
     "mlp_split": Field(
         (str,),
@@ -31,15 +53,30 @@ SCHEMA = {
 }
 
 
+STEP_KEYS = ("mlp_keep_ratio", "mlp_importance", "target", "mlp_split")
+
+
+def _budget_masks(ctx: RunContext, family: Family, pruner, cfg: dict, calib: list) -> list:
+    """Each member's heads and MLP units chosen together to meet the step's `target`."""
+    if pruner.last_scores is None:
+        raise InputError(f"prune.target: pruner '{cfg['pruner']}' gives no head scores; use a scored pruner")
+    tokens = family.hydra_ends()[0].tokens_per_sample(calib[0][0])
+    masks = []
+    for m, mask in enumerate(ctx.masks):
+        units = unit_scores(family, mask, calib, cfg["mlp_importance"])
+        masks.append(budget_mask(family, pruner.last_scores[m], units, cfg["target"], tokens))
+    return masks
+
+
 def _preflight(cfg: dict, family: Family) -> None:
     """The pruner can produce masks for this model's head counts (Pruner.preflight)."""
-    resolve("pruner", cfg["pruner"])(**plugin_options(cfg, "pruner", "mlp_keep_ratio", "mlp_split")).preflight(family)
+    resolve("pruner", cfg["pruner"])(**plugin_options(cfg, "pruner", *STEP_KEYS)).preflight(family)
 
 
 @register_step("prune", SCHEMA, plugin=("pruner", "pruner"), preflight=_preflight)
 def prune(ctx: RunContext, cfg: dict) -> None:
     """Score the base model's heads and choose each member's heads (writes masks.json)."""
-    options = plugin_options(cfg, "pruner", "mlp_keep_ratio", "mlp_split")
+    options = plugin_options(cfg, "pruner", *STEP_KEYS)
     options.setdefault("seed", ctx.recipe.seed)
     pruner = resolve("pruner", cfg["pruner"])(**options)
     pruner.outliers = ctx.outlier_batches()
@@ -47,11 +84,12 @@ def prune(ctx: RunContext, cfg: dict) -> None:
     family = ctx.family
     ctx.masks = check_pruner_masks(pruner.prune(family, calib, heldout), family, pruner, cfg["pruner"])
     family.apply_mask(None)
-    inputs = [b[0] for b in calib]
-    if cfg["mlp_split"] == "disjoint":
-        ctx.masks = with_disjoint_units(family, ctx.masks, inputs)
+    if cfg["target"] is not None:
+        ctx.masks = _budget_masks(ctx, family, pruner, cfg, calib)
+    elif cfg["mlp_split"] == "disjoint":
+        ctx.masks = with_disjoint_units(family, ctx.masks, [b[0] for b in calib])
     elif cfg["mlp_keep_ratio"] is not None:
-        ctx.masks = with_top_units(family, ctx.masks, cfg["mlp_keep_ratio"], inputs)
+        ctx.masks = with_top_units(family, ctx.masks, cfg["mlp_keep_ratio"], calib, cfg["mlp_importance"])
     ctx.scores, ctx.members = pruner.last_scores, None
     if is_main():
         save_masks(ctx.out / "masks.json", ctx.masks)

@@ -95,6 +95,10 @@ def _use_member_gemms(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 
 def _member_gemms(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    kind = x.device.type
+    if torch.is_autocast_enabled(kind):  # `out=` calls are not autocast: cast as autocast would
+        dtype = torch.get_autocast_dtype(kind)
+        x, w, b = x.to(dtype), w.to(dtype), None if b is None else b.to(dtype)
     out = torch.empty(x.shape[0], x.shape[1], w.shape[2], dtype=x.dtype, device=x.device)
     for m in range(x.shape[0]):
         if b is None:

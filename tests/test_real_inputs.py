@@ -1,0 +1,89 @@
+"""A user's own images and settings: an image folder of 32 px PNGs with a ViT built for 32 px runs
+with no overlay (transforms follow the model), a size mismatch fails in validate in one line, and
+the default recipe runs on the CPU in bf16."""
+
+import json
+
+import numpy as np
+import yaml
+from PIL import Image
+
+from compressor.cli import main
+
+from .helpers import ROOT, SMALL, run_cli
+
+
+def _image_folder(root, size=32):
+    """Two classes (horizontal vs vertical stripes, random phase and noise) as PNG files."""
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 12), ("val", 6)):
+        for cls, axis in (("horizontal", 0), ("vertical", 1)):
+            folder = root / split / cls
+            folder.mkdir(parents=True)
+            for i in range(n):
+                stripes = (np.arange(size) // 4 + rng.integers(0, 2)) % 2 * 200
+                img = np.repeat(stripes[:, None] if axis == 0 else stripes[None, :], size, axis=1 - axis)
+                img = np.clip(img + rng.normal(0, 20, (size, size)), 0, 255).astype(np.uint8)
+                Image.fromarray(np.stack([img] * 3, -1)).save(folder / f"{i}.png")
+    return root
+
+
+RECIPE = {
+    "name": "folder",
+    "device": "cpu",
+    "model": {
+        "name": "vit_tiny_patch16_224",
+        "kwargs": {
+            "img_size": 32, "patch_size": 8, "embed_dim": 48, "depth": 2, "num_heads": 4,
+            "global_pool": "avg", "class_token": False,
+        },
+        "train_base": {"steps": 4, "batch_size": 8, "eval_every": 2},
+    },
+    "steps": [
+        {"prune": {"pruner": "random", "members": 2}},
+        {"merge": {"merger": "hydra", "mlp": "pruned"}},
+        {"calibrate": {}},
+        {"evaluate": {"plots": False}},
+        {"export": {}},
+    ],
+}  # fmt: skip
+
+
+def test_image_folder_follows_the_model_and_predicts(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    root = _image_folder(tmp_path / "images")
+    recipe = {
+        **RECIPE,
+        "data": {"source": "image_folder", "root": str(root), "batch_size": 8, "calibration_samples": 8},
+    }
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    assert main(["apply", "--quiet", str(path)]) == 0, capsys.readouterr().err
+    config = json.loads((tmp_path / "runs" / "folder" / "export" / "config.json").read_text())
+    assert config["preprocessing"]["input_size"] == [3, 32, 32], "the model's size, not timm's 224 default"
+    assert config["calibration"]["ood"]["score"] == "msp"
+    out = tmp_path / "p.jsonl"
+    assert main(["predict", str(tmp_path / "runs" / "folder" / "export"), str(root / "val"), "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 12 and {r["prediction"] for r in rows} <= {"horizontal", "vertical"}
+    capsys.readouterr()
+    # an image size the model does not take fails before any training, in one line
+    recipe["data"]["img_size"] = 48
+    path.write_text(yaml.safe_dump(recipe))
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"error: {path}: model/data: one test batch does not run through the model"
+    )
+
+
+def test_default_recipe_runs_on_the_cpu_in_bf16(tmp_path):
+    out_dir = tmp_path / "run"
+    args = ["apply", str(ROOT / "recipes" / "vit_hydra.yaml"), "--out", str(out_dir), *SMALL]
+    args += ["--set", "device=cpu", "--set", "precision=bf16", "--set", "steps.3.evaluate.plots=false"]
+    args += ["--set", "steps.2.finetune.steps=3"]
+    result = run_cli(args, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((out_dir / "metrics.json").read_text())
+    assert 0.0 < metrics["summary"]["base"]["accuracy"] <= 1.0
+    assert (out_dir / "export" / "model.safetensors").is_file() and not (out_dir / "RUNNING").exists()

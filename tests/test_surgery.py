@@ -1,0 +1,111 @@
+"""Physical removal through torch-pruning's DependencyGraph: for every family, the pruned model
+(heads and MLP units cut) equals the head- and unit-masked model, and the cuts were made by
+torch-pruning where its graph expresses them."""
+
+import copy
+
+import pytest
+import torch
+
+from compressor.families import family_of
+from compressor.masks import HeadMask
+from compressor.mlp_units import with_top_units
+from compressor.surgery import prune_physically
+
+from .conftest import make_vit
+from .test_hf import _hf_classifier, _hf_inputs
+
+
+def _mask(model, x):
+    family = family_of(model)
+    heads = family.heads_per_block()
+    g = torch.Generator().manual_seed(5)
+    kept = [sorted(torch.randperm(h, generator=g)[: max(1, h // 2 - b % 2)].tolist()) for b, h in enumerate(heads)]
+    return with_top_units(family, [HeadMask.from_kept(kept, heads)], 0.4, [x])[0]
+
+
+def _logits(model, x):
+    return family_of(model).logits(x)
+
+
+@pytest.mark.parametrize("kind", ["tiny_cls", "small_avg", "qk_norm", "registers", "vit", "clip_vision", "clip_text"])
+def test_removal_equals_masking_and_uses_torch_pruning(kind):
+    if kind in ("vit", "clip_vision", "clip_text"):
+        model, x = _hf_classifier(kind), _hf_inputs(kind)
+    else:
+        model, x = make_vit(kind), torch.randn(3, 1, 16, 16)
+    mask = _mask(model, x)
+    masked = copy.deepcopy(model)
+    family_of(masked).apply_mask(mask)
+    pruned = prune_physically(model, mask)
+    with torch.no_grad():
+        torch.testing.assert_close(_logits(pruned, x), _logits(masked, x), rtol=1e-5, atol=1e-5)
+    family = family_of(pruned)
+    assert family.heads_per_block() == mask.num_kept()
+    assert family.mlp_widths() == [len(mask.kept_units(b)) for b in range(mask.num_blocks)]
+    assert set(pruned.surgery.values()) == {"torch-pruning"}, pruned.surgery
+    assert sum(p.numel() for p in pruned.parameters()) < sum(p.numel() for p in model.parameters())
+
+
+def test_torch_pruning_magnitude_importance_by_name():
+    """'magnitude' is torch-pruning's GroupMagnitudeImportance on the fc1->fc2 group: the mean of
+    the unit's squared fc1-row and fc2-column norms, divided by its mean over the block."""
+    from compressor.mlp_units import unit_scores
+
+    vit = make_vit("tiny_cls")
+    family = family_of(vit)
+    scores = unit_scores(family, HeadMask.full([4, 4]), [], "magnitude")
+    for b, s in enumerate(scores):
+        mlp = family.mlp(b)
+        raw = ((mlp.fc1.get().weight ** 2).sum(1) + (mlp.fc2.get().weight ** 2).sum(0)) / 2
+        torch.testing.assert_close(s, (raw / raw.mean()).detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind, ratio", [("flops", 0.5), ("params", 0.5), ("flops", 0.7)])
+def test_budget_is_met_within_two_percent(kind, ratio):
+    from compressor.budget import budget_mask, measure
+    from compressor.mlp_units import unit_scores
+    from pruners.taylor import taylor_scores
+
+    from .conftest import labelled_batches
+
+    vit = make_vit("small_avg")
+    family = family_of(vit)
+    data = labelled_batches(2, classes=5)  # small_avg has 5 classes
+    heads = taylor_scores(family, data)
+    units = unit_scores(family, HeadMask.full(family.heads_per_block()), data, "taylor")
+    mask = budget_mask(family, heads, units, {kind: ratio}, tokens=4)
+    pruned = prune_physically(vit, mask)
+    kept = measure(pruned, family_of(pruned), kind) / measure(vit, family, kind)
+    assert ratio - 0.02 <= kept <= ratio, kept
+    assert all(n >= 1 for n in mask.num_kept()), "a floor of one head per block"
+    assert all(len(mask.kept_units(b)) >= 25 for b in range(3)), "a floor of 10% of the units"
+
+
+def test_distillation_pulls_the_student_to_the_teacher():
+    import torch.nn.functional as F
+    from torch.utils.data import TensorDataset
+
+    from compressor.data import digits_bundle
+    from compressor.training import TrainConfig, train
+
+    data = digits_bundle()
+    teacher = make_vit("tiny_cls", seed=1)
+    train_set = TensorDataset(*(t[:128] for t in data.train.tensors))
+    x = data.val.tensors[0][:64]
+
+    def kl(student):
+        with torch.no_grad():
+            return float(
+                F.kl_div(student(x).log_softmax(-1), teacher(x).log_softmax(-1), log_target=True, reduction="batchmean")
+            )
+
+    results = {}
+    for alpha in (0.0, 1.0):
+        student = make_vit("tiny_cls", seed=2)
+        cfg = TrainConfig(
+            steps=30, batch_size=64, lr=3e-3, warmup_steps=1, distill_alpha=alpha, distill_temperature=1.0
+        )
+        train(student, train_set, None, cfg, teacher=teacher)
+        results[alpha] = kl(student)
+    assert results[1.0] < 0.5 * results[0.0], results
