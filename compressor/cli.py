@@ -75,8 +75,9 @@ def _parser() -> argparse.ArgumentParser:
 def cmd_list() -> int:
     from compressor.registry import available
 
+    plural = {"step": "steps", "pruner": "pruners", "importance": "importances", "merger": "mergers"}
     for kind in ("step", "pruner", "importance", "merger", "family"):
-        print(f"{kind}s:")
+        print(f"{plural.get(kind, 'families')}:")
         for name, summary in available(kind).items():
             print(f"  {name:<16} {summary}")
     return 0

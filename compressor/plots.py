@@ -120,3 +120,18 @@ def risk_coverage_plot(models: dict[str, tuple], path: Path) -> None:
     ax.set_title("risk-coverage", fontsize=9)
     ax.legend(fontsize=7)
     _save(fig, path)
+
+
+def finetune_curves(histories: dict[str, dict], path: Path) -> None:
+    """Every fine-tune's training loss per step and held-out NLL at each evaluation (step 0 included)."""
+    fig, (loss_ax, val_ax) = plt.subplots(1, 2, figsize=(9, 3.6), layout="constrained")
+    for label, h in histories.items():
+        loss_ax.plot(np.arange(1, len(h["loss"]) + 1), h["loss"], label=label)
+        steps, values = zip(*h["val_nll"]) if h.get("val_nll") else ((), ())
+        val_ax.plot(steps, values, "o-", markersize=3, label=label)
+    loss_ax.set(xlabel="step", ylabel="training loss", title="training loss")
+    val_ax.set(xlabel="step", ylabel="held-out NLL", title="held-out NLL (step 0: before fine-tuning)")
+    for ax in (loss_ax, val_ax):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.legend(fontsize=7)
+    _save(fig, path)

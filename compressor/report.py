@@ -42,13 +42,21 @@ def write_report(ctx: RunContext) -> None:
     elapsed = time.time() - ctx.log.get("started", time.time())
     lines = [f"# {ctx.recipe.name}", "", f"recipe `{ctx.recipe.path}`, run time {elapsed / 60:.1f} min", ""]
     lines += ["## Steps", ""] + [f"- **{step}**: {outcome}" for step, outcome in ctx.outcomes.items()] + [""]
-    for label, history in ctx.log.items():
-        if label.startswith("finetune") and isinstance(history, dict) and history.get("val_nll"):
-            first, best = history["val_nll"][0][1], min(v for _, v in history["val_nll"])
+    tunes = {k: h for k, h in ctx.log.items() if k.startswith("finetune") and isinstance(h, dict) and "after" in h}
+    if tunes:
+        header = (
+            "| fine-tune | acc before | acc after | NLL before | NLL after | ECE before | ECE after | kept step | s |"
+        )
+        lines += ["## Fine-tunes (held-out split)", "", header, "|---" * 9 + "|"]
+        for label, h in tunes.items():
+            b, a = h["before"], h["after"]
+            kept = "0 (no step improved)" if h["best_step"] == 0 else str(h["best_step"])
             lines.append(
-                f"- {label}: held-out NLL {first:.3f} at step 0 -> best {best:.3f} at step {history['best_step']}"
-                + (" (stopped early)" if history.get("stopped_early") else "")
+                f"| {label} | {b['accuracy']:.3f} | {a['accuracy']:.3f} | {b['nll']:.3f} | {a['nll']:.3f} | "
+                f"{b['ece']:.3f} | {a['ece']:.3f} | {kept} | {h['seconds']:.0f} |"
             )
+        if "plots/finetune.png" in (ctx.log.get("plots") or []):
+            lines += ["", "Loss and held-out NLL per step: [plots/finetune.png](plots/finetune.png)."]
     lines += [""] + _cost_lines(ctx) + _member_lines(ctx)
     if ctx.metrics:
         lines += ["## Metrics", "", ctx.metrics["table"], "Details: `metrics.json`, `metrics.md`.", ""]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -69,6 +70,15 @@ def _stop_non_finite(model: nn.Module, best_state: dict | None, step: int, histo
     )
 
 
+def heldout_metrics(model: nn.Module, ds: Dataset, batch_size: int = 256) -> dict[str, float]:
+    """Accuracy, NLL and ECE of the averaged member probabilities over `ds` (the same on every rank)."""
+    from compressor.metrics import accuracy, ece, nll
+
+    probs, y = predict(model, ds, batch_size)
+    p = probs.mean(0)
+    return {"accuracy": accuracy(p, y), "nll": nll(p, y), "ece": ece(p, y)}
+
+
 def heldout_nll(model: nn.Module, ds: Dataset, batch_size: int = 256) -> float:
     """NLL of the averaged member probabilities over `ds` (every rank gets the same number)."""
     probs, y = predict(model, ds, batch_size)
@@ -111,9 +121,11 @@ def train(
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     read = logits_reader(model)
     history: dict = {"loss": [], "val_nll": [], "best_step": 0, "stopped_early": False}
+    started = time.time()
     best_nll, best_state, bad_evals = math.inf, None, 0
     if val_ds is not None:
-        best_nll = heldout_nll(model, val_ds)
+        history["before"] = heldout_metrics(model, val_ds)
+        best_nll = history["before"]["nll"]
         history["val_nll"].append((0, best_nll))
         best_state = copy.deepcopy(model.state_dict())
     # without a held-out set, the weights as given are what a diverged run falls back to
@@ -191,4 +203,7 @@ def train(
     if best_state is not None:
         model.load_state_dict(best_state)
     model.eval()
+    if val_ds is not None:
+        history["after"] = heldout_metrics(model, val_ds)
+    history["seconds"] = time.time() - started
     return history

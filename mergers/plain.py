@@ -16,7 +16,7 @@ from compressor.surgery import prune_physically
 
 
 class PlainMerger(Merger):
-    """Physically remove pruned heads: a smaller model of the same family, no gates, no hooks."""
+    """Physically remove pruned heads (and MLP units): a smaller model of the same family, no hooks."""
 
     def __init__(self, member: int = 0) -> None:
         if isinstance(member, bool) or not isinstance(member, int) or member < 0:

@@ -7,6 +7,7 @@ from compressor.context import RunContext
 from compressor.distributed import is_main
 from compressor.evaluate import evaluate_models
 from compressor.plots import (
+    finetune_curves,
     head_importance_heatmaps,
     ood_plot,
     reliability_diagram,
@@ -56,6 +57,10 @@ def write_plots(ctx: RunContext, arrays: dict[str, dict]) -> list[str]:
     if ctx.masks and ctx.scores:
         head_importance_heatmaps(ctx.scores, ctx.masks, plots / "head_importance.png")
         written.append("plots/head_importance.png")
+    tunes = {k: h for k, h in ctx.log.items() if k.startswith("finetune") and isinstance(h, dict) and h.get("loss")}
+    if tunes:
+        finetune_curves(tunes, plots / "finetune.png")
+        written.append("plots/finetune.png")
     return written
 
 
