@@ -368,3 +368,16 @@ def test_a_corrupt_cache_is_retrained_not_used(tmp_path):
     with pytest.warns(UserWarning, match="unusable cached base model removed"):
         model = build_base(model_cfg, data, data_cfg, 0, tmp_path)
     assert cached.is_file() and sum(p.numel() for p in model.parameters()) > 0
+
+
+def test_outputs_follow_the_users_umask(tmp_path):
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        export_model(make_vit("tiny_cls"), tmp_path / "e")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "e").stat().st_mode) == 0o755
+    assert stat.S_IMODE((tmp_path / "e" / "model.safetensors").stat().st_mode) == 0o644
