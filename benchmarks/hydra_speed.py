@@ -22,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import timm
 import torch
@@ -39,6 +40,7 @@ SHAPES = {
     "vit_tiny": dict(embed_dim=192, depth=12, num_heads=3),
     "vit_small": dict(embed_dim=384, depth=12, num_heads=6),
 }
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 MODELS = ["single", "single_split", "deep_ensemble", "hydra_average", "hydra_grouped", "hydra_pruned"]
 
 
@@ -128,6 +130,10 @@ def time_round_robin(
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def _finite(v: float) -> float | None:
+    return v if v == v else None  # NaN (not measured) -> null: strict JSON
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
@@ -139,6 +145,7 @@ def main() -> None:
     p.add_argument(
         "--chunk-mib", type=float, default=None, help="inference_chunk_bytes in MiB for every model (0: no chunking)"
     )
+    p.add_argument("--tag", default="", help="results file suffix: benchmarks/results/hydra_speed_<device>[_tag].json")
     p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = p.parse_args()
     chunk = INFERENCE_CHUNK_BYTES if args.chunk_mib is None else int(args.chunk_mib * 2**20)
@@ -156,6 +163,7 @@ def main() -> None:
     )
     print("| shape | batch | model | dtype | latency ms | x single | x fp32 | peak MB | GFLOPs | x single | params M |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
+    rows = []
     for shape in args.shapes:
         models = {k: build(shape, k, chunk).to(device) for k in MODELS}
         for batch in args.batches:
@@ -169,12 +177,23 @@ def main() -> None:
                 for k, m in models.items():
                     params = sum(q.numel() for q in m.parameters()) / 1e6
                     vs_fp32 = lat[dtype][k] / lat["fp32"][k] if "fp32" in lat else float("nan")
+                    rows.append(
+                        {"shape": shape, "batch": batch, "model": k, "dtype": dtype, "latency_s": lat[dtype][k],
+                         "x_single": lat[dtype][k] / lat[dtype]["single"], "x_fp32": _finite(vs_fp32),
+                         "peak_mb": _finite(mem[k]), "flops": fl[k], "flops_x_single": fl[k] / fl["single"],
+                         "params_m": params}
+                    )  # fmt: skip
                     print(
                         f"| {shape} | {batch} | {k} | {dtype} | {lat[dtype][k] * 1e3:.1f} | "
                         f"{lat[dtype][k] / lat[dtype]['single']:.2f} | {vs_fp32:.2f} | {mem[k]:.0f} | "
                         f"{fl[k] / 1e9:.1f} | {fl[k] / fl['single']:.2f} | {params:.1f} |",
                         flush=True,
                     )
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    meta = {"torch": torch.__version__, "device": where, "repeats": args.repeats, "chunk_bytes": chunk}
+    out = RESULTS / f"hydra_speed_{device.type}{'_' + args.tag if args.tag else ''}.json"
+    out.write_text(json.dumps({**meta, "rows": rows}, indent=1))
+    print(f"\nwritten: {out}")
 
 
 if __name__ == "__main__":

@@ -3,13 +3,18 @@ MetaPruner used the way its timm ViT example uses it, side by side, same base, s
 
     python benchmarks/structured.py                    # default ViT, 0.7x 0.5x 0.35x FLOPs (~40 min on 2 cores)
     python benchmarks/structured.py --targets 0.5 --finetune-steps 60
+    python benchmarks/structured.py --text --targets 0.7 0.5 --finetune-steps 60   # MiniLM, shorter budget
+    python benchmarks/structured.py --allocation global    # ours with global ranking across blocks
 
 Ours: heads and MLP units chosen together to the budget (Taylor head importance, torch-pruning's
 GroupTaylor MLP-unit importance, global ranking with a floor per block), cut through torch-pruning's
 DependencyGraph, then fine-tuned (optionally with logit distillation from the base). MetaPruner:
 GroupTaylorImportance, uniform pruning ratio, head dims pruned (its example's defaults), the ratio
 found by bisection to reach the same FLOPs, `num_heads`/`head_dim`/`attn_dim` set by hand after
-surgery as its example does, then the same fine-tune. FLOPs per sample by FlopCounterMode,
+surgery as its example does, then the same fine-tune. For MiniLM (--text, the bundled Rotten
+Tomatoes sample, the whole encoder fine-tuned for the base as in uq_table.py --text) MetaPruner is
+used as its BERT example uses it: whole heads removed (`prune_num_heads`, head size kept) and
+`num_attention_heads`/`attention_head_size`/`all_head_size` set by hand. FLOPs per sample by FlopCounterMode,
 latency as the median ratio to the base measured in the same run.
 """
 
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -34,33 +40,78 @@ from compressor.training import TrainConfig, train
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from uq_table import base_recipe  # noqa: E402  (the text base: whole MiniLM encoder fine-tuned)
+
+LR = {False: 5e-4, True: 1e-4}  # fine-tune learning rate: ViT, MiniLM (as in uq_table.py)
+EVAL_EVERY = {False: 25, True: 20}
 
 
-def recipe(seed: int, steps: list[dict], cache: Path) -> dict:
-    raw = yaml.safe_load((ROOT / "recipes" / "vit_hydra.yaml").read_text())
+def recipe(seed: int, steps: list[dict], cache: Path, text: bool = False) -> dict:
+    raw = base_recipe(text) if text else yaml.safe_load((ROOT / "recipes" / "vit_hydra.yaml").read_text())
     raw.update(seed=seed, cache_dir=str(cache), steps=steps)
     return raw
 
 
-def ours(seed: int, target: float, ft: int, distill: bool, out: Path, cache: Path) -> torch.nn.Module:
-    tune = {"target": "merged", "steps": ft, "lr": 5e-4, "patience": 3}
+def ours(
+    seed: int, target: float, ft: int, distill: bool, out: Path, cache: Path, text: bool, allocation: str = "uniform"
+) -> torch.nn.Module:
+    tune = {"target": "merged", "steps": ft, "lr": LR[text], "patience": 3, "eval_every": EVAL_EVERY[text]}
     if distill:
         tune["distill"] = {"teacher": "base", "alpha": 0.5, "temperature": 2.0}
     steps = [
-        {"prune": {"pruner": "taylor", "members": 1, "target": {"flops": target}, "mlp_importance": "taylor"}},
+        {
+            "prune": {
+                "pruner": "taylor",
+                "members": 1,
+                "target": {"flops": target},
+                "mlp_importance": "taylor",
+                "allocation": allocation,
+            }
+        },
         {"merge": {"merger": "plain"}},
         {"finetune": tune},
     ]
-    ctx = Runner(validate_recipe(recipe(seed, steps, cache), "structured"), out, quiet=True, overwrite=True).run()
+    raw = recipe(seed, steps, cache, text)
+    ctx = Runner(validate_recipe(raw, "structured"), out, quiet=True, overwrite=True).run()
     return ctx.merged
 
 
-def metapruner(base: torch.nn.Module, calib: list, target: float, x: torch.Tensor) -> torch.nn.Module:
-    """torch-pruning's MetaPruner as its timm ViT example uses it, at the ratio that meets `target`."""
+def metapruner_bert(base: torch.nn.Module, calib: list, ratio: float, x: torch.Tensor) -> torch.nn.Module:
+    """torch-pruning's MetaPruner as its transformers BERT example uses it (whole heads, GroupTaylor)."""
+    import torch_pruning as tp
+    from transformers.models.bert.modeling_bert import BertSelfAttention
+
+    model = copy.deepcopy(base).train()
+    model.encoder.pooler = None  # unused by the mean-pool head; outside the traced graph it would keep its width
+    attentions = [m for m in model.modules() if isinstance(m, BertSelfAttention)]
+    num_heads = {lin: m.num_attention_heads for m in attentions for lin in (m.query, m.key, m.value)}
+    pruner = tp.pruner.MetaPruner(
+        model, x[:1], importance=tp.importance.GroupTaylorImportance(), pruning_ratio=ratio,
+        ignored_layers=[model.head], num_heads=num_heads, prune_head_dims=False, prune_num_heads=True,
+        head_pruning_ratio=ratio,
+    )  # fmt: skip
+    model.zero_grad()
+    for xb, yb in calib:
+        F.cross_entropy(model(xb), yb).backward()
+    for group in pruner.step(interactive=True):
+        group.prune()
+    for m in attentions:  # what its example sets by hand
+        m.num_attention_heads = pruner.num_heads[m.query]
+        m.attention_head_size = m.query.out_features // m.num_attention_heads
+        m.all_head_size = m.query.out_features
+    model.zero_grad(set_to_none=True)
+    return model.eval()
+
+
+def metapruner(base: torch.nn.Module, calib: list, target: float, x: torch.Tensor, text: bool) -> torch.nn.Module:
+    """torch-pruning's MetaPruner as its timm ViT (or BERT) example uses it, at the ratio that meets `target`."""
     import timm
     import torch_pruning as tp
 
     def prune(ratio: float) -> torch.nn.Module:
+        if text:
+            return metapruner_bert(base, calib, ratio, x)
         model = copy.deepcopy(base).train()
         attentions = [m for m in model.modules() if isinstance(m, timm.layers.Attention)]
         num_heads = {m.qkv: m.num_heads for m in attentions}
@@ -97,20 +148,30 @@ def metapruner(base: torch.nn.Module, calib: list, target: float, x: torch.Tenso
     return best
 
 
-def run_seed(seed: int, targets: list[float], ft: int, out: Path) -> dict[str, dict]:
+def run_seed(
+    seed: int, targets: list[float], ft: int, out: Path, text: bool, allocation: str = "uniform"
+) -> dict[str, dict]:
     cache = out / ".cache"
-    ctx = Runner(validate_recipe(recipe(seed, [{"evaluate": {"plots": False}}], cache), "structured"),
-                 out / f"seed{seed}" / "base", quiet=True, overwrite=True).run()  # fmt: skip
+    raw = recipe(seed, [{"evaluate": {"plots": False}}], cache, text)
+    ctx = Runner(validate_recipe(raw, "structured"), out / f"seed{seed}" / "base", quiet=True, overwrite=True).run()
     base, data = ctx.base, ctx.data
-    calib = batches(data.train, 64, limit=512)
+    calib = batches(data.train, 64, limit=256 if text else 512)
     x = next(iter(torch.utils.data.DataLoader(data.test, batch_size=64)))[0]
     models = {"base": base}
     for r in targets:
         folder = out / f"seed{seed}" / f"flops{r}"
-        models[f"ours {r}x"] = ours(seed, r, ft, False, folder / "ours", cache)
-        models[f"ours + distill {r}x"] = ours(seed, r, ft, True, folder / "ours_distill", cache)
-        mp = metapruner(base, calib, r, x)
-        train(mp, data.train, data.val, TrainConfig(steps=ft, batch_size=128, lr=5e-4, patience=3, seed=seed))
+        tag = "" if allocation == "uniform" else f", {allocation}"
+        models[f"ours{tag} {r}x"] = ours(seed, r, ft, False, folder / f"ours{allocation}", cache, text, allocation)
+        models[f"ours{tag} + distill {r}x"] = ours(
+            seed, r, ft, True, folder / f"ours{allocation}_distill", cache, text, allocation
+        )
+        mp = metapruner(base, calib, r, x, text)
+        train(
+            mp,
+            data.train,
+            data.val,
+            TrainConfig(steps=ft, batch_size=128, lr=LR[text], eval_every=EVAL_EVERY[text], patience=3, seed=seed),
+        )
         models[f"torch-pruning MetaPruner {r}x"] = mp
         print(f"seed {seed}: {r}x done", flush=True)
     metrics = evaluate_models(models, data, out / f"seed{seed}", reference="base", write=False)
@@ -122,10 +183,14 @@ def main() -> None:
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
     p.add_argument("--targets", nargs="+", type=float, default=[0.7, 0.5, 0.35])
     p.add_argument("--finetune-steps", type=int, default=100)
+    p.add_argument("--text", action="store_true", help="MiniLM on the bundled Rotten Tomatoes sample")
+    p.add_argument("--allocation", default="uniform", choices=["uniform", "global"], help="how ours meets the budget")
     p.add_argument("--out", default="runs/structured")
     args = p.parse_args()
     t0 = time.time()
-    per_seed = [run_seed(s, args.targets, args.finetune_steps, Path(args.out)) for s in args.seeds]
+    per_seed = [
+        run_seed(s, args.targets, args.finetune_steps, Path(args.out), args.text, args.allocation) for s in args.seeds
+    ]
     names = list(per_seed[0])
     mean = {n: {k: float(np.mean([r[n][k] for r in per_seed])) for k in per_seed[0][n]} for n in names}
     std = {n: {k: float(np.std([r[n][k] for r in per_seed])) for k in per_seed[0][n]} for n in names}
@@ -137,9 +202,10 @@ def main() -> None:
         "std": std,
         "minutes": (time.time() - t0) / 60,
     }
-    (RESULTS / "structured.json").write_text(json.dumps(payload, indent=1))
+    tag = ("structured_text" if args.text else "structured") + ("" if args.allocation == "uniform" else "_global")
+    (RESULTS / f"{tag}.json").write_text(json.dumps(payload, indent=1))
     table = markdown_table(mean, std if len(args.seeds) > 1 else None)
-    (RESULTS / "structured.md").write_text(table)
+    (RESULTS / f"{tag}.md").write_text(table)
     print(table)
 
 

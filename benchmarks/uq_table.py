@@ -42,6 +42,12 @@ def _hydra(mlp: str, **kw) -> dict:
     return {"merge": {"merger": "hydra", "mlp": mlp, **kw}}
 
 
+def default_recipe_steps() -> list[dict]:
+    """recipes/vit_hydra.yaml's steps up to its evaluate: the row a new user gets."""
+    steps = yaml.safe_load((ROOT / "recipes" / "vit_hydra.yaml").read_text())["steps"]
+    return [s for s in steps if next(iter(s)) not in ("evaluate", "export")]
+
+
 def digit_rows(ft: int) -> dict[str, tuple[str | None, list[dict]]]:
     """Row name -> (prune key shared by rows with the same masks, recipe steps)."""
     tune = {"finetune": {"target": "merged", "steps": ft, "lr": 5e-4, "patience": 3}}
@@ -68,6 +74,7 @@ def digit_rows(ft: int) -> dict[str, tuple[str | None, list[dict]]]:
                 _hydra("pruned"),
             ],
         ),
+        "default recipe (the row above + calibrate)": ("taylor-units", default_recipe_steps()),
         "hydra taylor pruned + bootstrap fine-tune": (
             "taylor",
             [taylor, _hydra("pruned"), {"finetune": {**tune["finetune"], "bootstrap": True}}],
@@ -75,6 +82,10 @@ def digit_rows(ft: int) -> dict[str, tuple[str | None, list[dict]]]:
         "hydra taylor pruned + disagreement 0.3": (
             "taylor",
             [taylor, _hydra("pruned"), {"finetune": {**tune["finetune"], "disagreement": 0.3}}],
+        ),
+        "hydra taylor pruned + disagreement 1.0": (
+            "taylor",
+            [taylor, _hydra("pruned"), {"finetune": {**tune["finetune"], "disagreement": 1.0}}],
         ),
         "hydra circuit pruned, objective per member": (
             "circuit-mixed",
@@ -129,7 +140,18 @@ def base_recipe(text: bool) -> dict:
     return raw
 
 
-def run_row(raw: dict, name: str, steps: list[dict], out: Path, baselines: list[str]) -> dict[str, dict]:
+def finished_summary(out: Path) -> dict[str, dict] | None:
+    """The summary of a row run to the end earlier (metrics.json written, no RUNNING marker)."""
+    if (out / "RUNNING").exists() or not (out / "metrics.json").exists():
+        return None
+    return json.loads((out / "metrics.json").read_text())["summary"]
+
+
+def run_row(
+    raw: dict, name: str, steps: list[dict], out: Path, baselines: list[str], resume: bool = False
+) -> dict[str, dict]:
+    if resume and (done := finished_summary(out)) is not None:
+        return done
     raw = copy.deepcopy(raw)
     raw["steps"] = steps + [{"evaluate": {"baselines": baselines, "plots": False}}]
     recipe = validate_recipe(raw, where=f"uq_table:{name}")
@@ -146,7 +168,9 @@ def run_seed(args: argparse.Namespace, seed: int, rows: dict, out: Path) -> dict
     result: dict[str, dict] = {}
     t0 = time.time()
     baselines = ["base", "deep_ensemble"] + ([] if args.text else ["mc_dropout"])
-    for model_name, row in run_row(raw, "baselines", [], out / f"seed{seed}" / "baselines", baselines).items():
+    for model_name, row in run_row(
+        raw, "baselines", [], out / f"seed{seed}" / "baselines", baselines, args.resume
+    ).items():
         result[model_name] = row
     print(f"seed {seed}: baselines done ({time.time() - t0:.0f}s)", flush=True)
     masks: dict[str, Path] = {}
@@ -158,7 +182,7 @@ def run_seed(args: argparse.Namespace, seed: int, rows: dict, out: Path) -> dict
             kept = {k: prune[k] for k in ("members", "mlp_keep_ratio") if k in prune}
             steps[0] = {"prune": {"pruner": "file", "path": str(masks[key]), **kept}}
         t = time.time()
-        summary = run_row(raw, name, steps, folder, ["base"])
+        summary = run_row(raw, name, steps, folder, ["base"], args.resume)
         if key is not None and key not in masks:
             masks[key] = folder / "masks.json"
         result[name] = next(r for m, r in summary.items() if m != "base")
@@ -168,11 +192,16 @@ def run_seed(args: argparse.Namespace, seed: int, rows: dict, out: Path) -> dict
 
 def write_results(tag: str, seeds: list[int], rows: list[str], per_seed: list[dict], minutes: float) -> None:
     """Mean and std over seeds of every row: benchmarks/results/uq_table_<tag>.json and .md."""
-    names = list(per_seed[0])
-    mean = {n: {k: float(np.mean([r[n][k] for r in per_seed])) for k in per_seed[0][n]} for n in names}
-    std = {n: {k: float(np.std([r[n][k] for r in per_seed])) for k in per_seed[0][n]} for n in names}
+    names = list(dict.fromkeys(n for r in per_seed for n in r))  # a row may be missing from some seeds
+    have = {n: [r[n] for r in per_seed if n in r] for n in names}
+    mean = {n: {k: float(np.mean([r[k] for r in have[n]])) for k in have[n][0]} for n in names}
+    std = {n: {k: float(np.std([r[k] for r in have[n]])) for k in have[n][0]} for n in names}
+    seeds_per_row = {n: [s for s, r in zip(seeds, per_seed) if n in r] for n in names}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    payload = {"seeds": seeds, "rows": rows, "mean": mean, "std": std, "per_seed": per_seed, "minutes": minutes}
+    payload = {
+        "seeds": seeds, "rows": rows, "seeds_per_row": seeds_per_row, "mean": mean, "std": std,
+        "per_seed": per_seed, "minutes": minutes,
+    }  # fmt: skip
     (RESULTS / f"uq_table_{tag}.json").write_text(json.dumps(payload, indent=1))
     table = markdown_table(mean, std)
     (RESULTS / f"uq_table_{tag}.md").write_text(table)
@@ -188,6 +217,7 @@ def main() -> None:
     p.add_argument("--in-classes", nargs="+", type=int, default=None, help="digits: in-distribution classes")
     p.add_argument("--text", action="store_true", help="MiniLM on the bundled Rotten Tomatoes sample")
     p.add_argument("--out", default="runs/uq_table")
+    p.add_argument("--resume", action="store_true", help="reuse rows already finished under --out")
     p.add_argument("--tag", default=None, help="results file name (default: digits or text, plus the split)")
     p.add_argument("--merge", nargs="+", default=None, metavar="TAG", help="combine result files (seeds) into --tag")
     args = p.parse_args()

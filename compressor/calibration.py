@@ -77,6 +77,11 @@ class Calibrated(nn.Module):
         self.ood = dict(ood or {})
         self._read = logits_reader(model)
 
+    @property
+    def members(self) -> int:
+        """The wrapped model's member count (1 for a single model)."""
+        return int(getattr(self.model, "members", 1))
+
     def forward(self, x: torch.Tensor) -> EnsembleOutput:
         logits = self._read(self.model(x))
         return EnsembleOutput.from_logits(logits / self.temperature.to(logits.dtype).view(-1, 1, 1))

@@ -29,13 +29,14 @@ def _array(a) -> np.ndarray:
     return np.asarray(a)
 
 
-def _rows(probs, fn: str):
-    """Yield float64 chunks of the rows of `probs` [N, C], checking that they are probabilities."""
+def _rows(probs, fn: str, dtype: type | None = np.float64):
+    """Yield chunks of the rows of `probs` [N, C] (as `dtype`; None keeps the input's), checking
+    that they are probabilities."""
     p = _array(probs)
     if p.ndim != 2:
         raise ValueError(f"{fn}: expected probabilities [N, C], got shape {tuple(p.shape)}")
     for start in range(0, len(p), CHUNK):
-        chunk = np.asarray(p[start : start + CHUNK], dtype=np.float64)
+        chunk = np.asarray(p[start : start + CHUNK], dtype=dtype)
         sums = chunk.sum(-1)
         if chunk.size and (chunk.min() < -1e-6 or np.abs(sums - 1).max() > 1e-3):
             raise ValueError(
@@ -48,8 +49,8 @@ def _rows(probs, fn: str):
 def _top(probs, fn: str) -> tuple[np.ndarray, np.ndarray]:
     """Per sample, the top-label confidence and the predicted class."""
     conf, pred = [], []
-    for _, c in _rows(probs, fn):
-        conf.append(c.max(-1))
+    for _, c in _rows(probs, fn, dtype=None):  # max and argmax need no float64 copy
+        conf.append(c.max(-1).astype(np.float64))
         pred.append(c.argmax(-1))
     return np.concatenate(conf) if conf else np.zeros(0), np.concatenate(pred) if pred else np.zeros(0, int)
 

@@ -8,6 +8,7 @@ import numpy as np
 import yaml
 from PIL import Image
 
+import compressor
 from compressor.cli import main
 
 from .helpers import ROOT, SMALL, run_cli
@@ -80,10 +81,14 @@ def test_image_folder_follows_the_model_and_predicts(tmp_path, monkeypatch, caps
 def test_default_recipe_runs_on_the_cpu_in_bf16(tmp_path):
     out_dir = tmp_path / "run"
     args = ["apply", str(ROOT / "recipes" / "vit_hydra.yaml"), "--out", str(out_dir), *SMALL]
-    args += ["--set", "device=cpu", "--set", "precision=bf16", "--set", "steps.3.evaluate.plots=false"]
-    args += ["--set", "steps.2.finetune.steps=3"]
+    args += ["--set", "device=cpu", "--set", "precision=bf16", "--set", "steps.4.evaluate.plots=false"]
+    args += ["--set", "steps.1.finetune.steps=3"]
     result = run_cli(args, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((out_dir / "metrics.json").read_text())
     assert 0.0 < metrics["summary"]["base"]["accuracy"] <= 1.0
     assert (out_dir / "export" / "model.safetensors").is_file() and not (out_dir / "RUNNING").exists()
+    # the default recipe calibrates: the export loads temperature-scaled, with its OOD threshold
+    loaded = compressor.load(out_dir / "export")
+    assert type(loaded).__name__ == "Calibrated" and loaded.ood["score"] == "msp"
+    assert "**calibrate**" in (out_dir / "report.md").read_text()

@@ -61,8 +61,9 @@ def test_torch_pruning_magnitude_importance_by_name():
         torch.testing.assert_close(s, (raw / raw.mean()).detach(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("allocation", ["uniform", "global"])
 @pytest.mark.parametrize("kind, ratio", [("flops", 0.5), ("params", 0.5), ("flops", 0.7)])
-def test_budget_is_met_within_two_percent(kind, ratio):
+def test_budget_is_met_within_two_percent(kind, ratio, allocation):
     from compressor.budget import budget_mask, measure
     from compressor.mlp_units import unit_scores
     from pruners.taylor import taylor_scores
@@ -74,12 +75,17 @@ def test_budget_is_met_within_two_percent(kind, ratio):
     data = labelled_batches(2, classes=5)  # small_avg has 5 classes
     heads = taylor_scores(family, data)
     units = unit_scores(family, HeadMask.full(family.heads_per_block()), data, "taylor")
-    mask = budget_mask(family, heads, units, {kind: ratio}, tokens=4)
+    mask = budget_mask(family, heads, units, {kind: ratio}, tokens=4, allocation=allocation)
     pruned = prune_physically(vit, mask)
     kept = measure(pruned, family_of(pruned), kind) / measure(vit, family, kind)
     assert ratio - 0.02 <= kept <= ratio, kept
     assert all(n >= 1 for n in mask.num_kept()), "a floor of one head per block"
     assert all(len(mask.kept_units(b)) >= 25 for b in range(3)), "a floor of 10% of the units"
+    if allocation == "uniform":  # the same share of heads in every block, each block's best heads
+        assert len(set(mask.num_kept())) == 1
+        for b, s in enumerate(heads):
+            kept = mask.kept_indices(b)
+            assert kept == sorted(torch.topk(s, len(kept)).indices.tolist())
 
 
 def test_distillation_pulls_the_student_to_the_teacher():

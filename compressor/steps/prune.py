@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from compressor.budget import budget_mask
+from compressor.budget import ALLOCATIONS, budget_mask
 from compressor.context import RunContext
 from compressor.distributed import is_main
 from compressor.errors import InputError
@@ -44,6 +44,12 @@ SCHEMA = {
         check=_target,
         doc="{flops: r} or {params: r}: remove heads and MLP units together until this share is left",
     ),
+    "allocation": Field(
+        (str,),
+        "uniform",
+        choices=ALLOCATIONS,
+        doc="with target: the same share of heads and units in every block, or global ranking across blocks",
+    ),
     "mlp_split": Field(
         (str,),
         "top",
@@ -53,7 +59,7 @@ SCHEMA = {
 }
 
 
-STEP_KEYS = ("mlp_keep_ratio", "mlp_importance", "target", "mlp_split")
+STEP_KEYS = ("mlp_keep_ratio", "mlp_importance", "target", "allocation", "mlp_split")
 
 
 def _budget_masks(ctx: RunContext, family: Family, pruner, cfg: dict, calib: list) -> list:
@@ -64,7 +70,7 @@ def _budget_masks(ctx: RunContext, family: Family, pruner, cfg: dict, calib: lis
     masks = []
     for m, mask in enumerate(ctx.masks):
         units = unit_scores(family, mask, calib, cfg["mlp_importance"])
-        masks.append(budget_mask(family, pruner.last_scores[m], units, cfg["target"], tokens))
+        masks.append(budget_mask(family, pruner.last_scores[m], units, cfg["target"], tokens, cfg["allocation"]))
     return masks
 
 
