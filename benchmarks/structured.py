@@ -77,6 +77,16 @@ def ours(
     return ctx.merged
 
 
+def taylor_prune(model: torch.nn.Module, pruner, calib: list) -> None:
+    """What torch-pruning's examples do for GroupTaylor: accumulate gradients on calibration
+    batches, then remove every group the pruner picks."""
+    model.zero_grad()
+    for xb, yb in calib:
+        F.cross_entropy(model(xb), yb).backward()
+    for group in pruner.step(interactive=True):
+        group.prune()
+
+
 def metapruner_bert(base: torch.nn.Module, calib: list, ratio: float, x: torch.Tensor) -> torch.nn.Module:
     """torch-pruning's MetaPruner as its transformers BERT example uses it (whole heads, GroupTaylor)."""
     import torch_pruning as tp
@@ -91,11 +101,7 @@ def metapruner_bert(base: torch.nn.Module, calib: list, ratio: float, x: torch.T
         ignored_layers=[model.head], num_heads=num_heads, prune_head_dims=False, prune_num_heads=True,
         head_pruning_ratio=ratio,
     )  # fmt: skip
-    model.zero_grad()
-    for xb, yb in calib:
-        F.cross_entropy(model(xb), yb).backward()
-    for group in pruner.step(interactive=True):
-        group.prune()
+    taylor_prune(model, pruner, calib)
     for m in attentions:  # what its example sets by hand
         m.num_attention_heads = pruner.num_heads[m.query]
         m.attention_head_size = m.query.out_features // m.num_attention_heads
@@ -120,11 +126,7 @@ def metapruner(base: torch.nn.Module, calib: list, target: float, x: torch.Tenso
             model, x[:1], importance=imp, pruning_ratio=ratio, ignored_layers=[model.head],
             num_heads=num_heads, prune_head_dims=True, round_to=2,
         )  # fmt: skip
-        model.zero_grad()
-        for xb, yb in calib:
-            F.cross_entropy(model(xb), yb).backward()
-        for group in pruner.step(interactive=True):
-            group.prune()
+        taylor_prune(model, pruner, calib)
         for m in attentions:  # what its example sets by hand (and attn_dim, which timm >= 1.0.23 reads)
             m.num_heads = pruner.num_heads[m.qkv]
             m.head_dim = m.qkv.out_features // (3 * m.num_heads)
