@@ -94,8 +94,9 @@ def _uniform_mask(
     def share(r_heads: float, r_units: float) -> float:
         return measure(prune_physically(family.model, mask_at(r_heads, r_units)), family, kind) / full
 
-    if share(0.0, 0.0) > ratio:
-        raise InputError(f"target: {kind} {ratio} is below what the per-block floors allow ({share(0.0, 0.0):.3f})")
+    smallest = share(0.0, 0.0)
+    if smallest > ratio:
+        raise InputError(f"target: {kind} {ratio} is below what the per-block floors allow ({smallest:.3f})")
     r = _largest_share(lambda v: share(v, v), ratio, 0.0, 1.0)
     r_units = _largest_share(lambda v: share(r, v), ratio, r, 1.0)  # fill what the head rounding left
     return mask_at(r, r_units)
