@@ -17,6 +17,7 @@ the single model run in chunks under the same budget, to show what chunking alon
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import subprocess
@@ -41,7 +42,15 @@ SHAPES = {
     "vit_small": dict(embed_dim=384, depth=12, num_heads=6),
 }
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
-MODELS = ["single", "single_split", "deep_ensemble", "hydra_average", "hydra_grouped", "hydra_pruned"]
+MODELS = [
+    "single",
+    "single_split",
+    "deep_ensemble",
+    "hydra_average",
+    "hydra_grouped",
+    "hydra_pruned",
+    "hydra_pruned_tuned",
+]
 
 
 class SplitBatch(torch.nn.Module):
@@ -72,9 +81,24 @@ def build(shape: str, kind: str, chunk_bytes: int = INFERENCE_CHUNK_BYTES, membe
     masks = []
     for m in range(members):  # disjoint split: member m keeps heads m, m+M, ...
         masks.append(HeadMask.from_kept([list(range(m, h, members)) or [m % h] for h in heads], heads))
-    model = build_hydra(base, masks, mlp_mode=kind.removeprefix("hydra_")).eval()
+    tuned = None
+    if kind.endswith("_tuned"):  # as after fine-tuning members separately: every part differs per member
+        tuned = [_perturbed(base, seed) for seed in range(members)]
+    mode = kind.removeprefix("hydra_").removesuffix("_tuned")
+    model = build_hydra(base, masks, members=tuned, mlp_mode=mode).eval()
     model.inference_chunk_bytes = chunk_bytes
     return model
+
+
+def _perturbed(base: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """A copy of `base` with every weight nudged: stems, norms and heads then differ per member,
+    so the fused model keeps one of each per member, as the default recipe's does."""
+    member = copy.deepcopy(base)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in member.parameters():
+            p.add_(1e-3 * torch.randn(p.shape, generator=g))
+    return member
 
 
 def flops(model: torch.nn.Module, x: torch.Tensor) -> int:

@@ -211,6 +211,37 @@ def test_grouped_linear_inference_path_equals_batched_and_reference():
         assert float(batched[m, :, r.out_features :].abs().sum()) == 0.0
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_grouped_linear_folds_a_member_affine_exactly(bias):
+    """A norm's per-member affine folded into the weights gives the same outputs and the same
+    gradients (for the affine, the weights and the input) as applying it first, padding included."""
+    from mergers.hydra.layers import GroupedLinear, MemberAffine, _use_member_gemms
+
+    torch.manual_seed(0)
+    layer = GroupedLinear([48, 48, 48], [40, 24, 40], bias=bias)  # unequal outputs: padded
+    affine = MemberAffine(3, 48, bias=bias)
+    with torch.no_grad():
+        for p in [*layer.parameters(), *affine.parameters()]:
+            p.normal_()
+        layer.weight.mul_(layer.weight_mask)
+    x = torch.randn(3, 20, 48, requires_grad=True)
+    ref_layer, ref_affine = copy.deepcopy(layer), copy.deepcopy(affine)
+    x_ref = x.detach().clone().requires_grad_(True)
+    folded, applied = layer(x, in_affine=affine), ref_layer(ref_affine(x_ref))
+    assert_close(folded, applied)
+    w = torch.randn_like(folded)
+    (folded * w).sum().backward()
+    (applied * w).sum().backward()
+    assert_close(x.grad, x_ref.grad)
+    for a, b in [(layer, ref_layer), (affine, ref_affine)]:
+        for p, q in zip(a.parameters(), b.parameters()):
+            assert_close(p.grad, q.grad)
+    big = torch.randn(3, 2200, 48)
+    with torch.no_grad():  # the CPU inference path (one GEMM per member) folds the same way
+        assert _use_member_gemms(big, layer.weight)
+        assert_close(layer(big, in_affine=affine), ref_layer(ref_affine(big)))
+
+
 @pytest.mark.parametrize("shape", ["qk_norm", "registers"])
 @pytest.mark.parametrize("mode", ["average", "grouped", "pruned"])
 def test_qk_norm_and_register_tokens_fuse_exactly(shape, mode):

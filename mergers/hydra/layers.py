@@ -65,12 +65,22 @@ class GroupedLinear(nn.Module):
                 if bias is not None:
                     self.bias[m, 0, outs] = bias.to(self.bias.dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [M, N, max_in] -> [M, N, max_out]."""
+    def forward(self, x: torch.Tensor, in_affine: MemberAffine | None = None) -> torch.Tensor:
+        """x: [M, N, max_in] -> [M, N, max_out].
+
+        `in_affine`, a per-member scale g and shift s of x (a norm's affine), is folded into the
+        weights, (x g + s) W + b = x (g W) + (s W + b): the M-times-wider stream is then read once
+        less, for the cost of rescaling the weights once per call.
+        """
         w = self.weight * self.weight_mask if self.padded else self.weight
         b = None
         if self.bias is not None:
             b = self.bias * self.out_mask[:, None, :].to(self.bias.dtype) if self.padded else self.bias
+        if in_affine is not None:
+            if in_affine.bias is not None:
+                shift = torch.bmm(in_affine.bias[:, None, :].to(w.dtype), w)  # [M, 1, max_out]
+                b = shift if b is None else b + shift
+            w = w * in_affine.weight[:, :, None].to(w.dtype)
         if _use_member_gemms(x, w):
             return _member_gemms(x, w, b)
         return torch.bmm(x, w) if b is None else torch.baddbmm(b, x, w)
@@ -183,9 +193,18 @@ class MemberLayerNorm(nn.Module):
         super().__init__()
         self.dim, self.eps = dim, eps
         self.affine = MemberAffine(members, dim, bias)
+        # an identity affine, passed explicitly: CPU `layer_norm` without weight and bias takes a
+        # path about 3x slower than with them (measured: torch 2.14, [3, 13, 197, 192] fp32)
+        self.register_buffer("unit_weight", torch.ones(dim), persistent=False)
+        self.register_buffer("unit_bias", torch.zeros(dim), persistent=False)
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        """The norm without its per-member affine (for a following layer that folds it in)."""
+        w, b = self.unit_weight.to(x.dtype), self.unit_bias.to(x.dtype)
+        return F.layer_norm(x, (self.dim,), w, b, self.eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.affine(F.layer_norm(x, (self.dim,), None, None, self.eps))
+        return self.affine(self.normalize(x))
 
 
 class HydraAttention(nn.Module):
@@ -224,12 +243,15 @@ class HydraAttention(nn.Module):
         self.attn_drop = attn_drop
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, in_affine: MemberAffine | None = None
+    ) -> torch.Tensor:
         """x: [M, B, T, D]; attn_mask: optional bool [B or 1, 1, T or 1, T], True where a query may
-        attend to a key (the same for every member and head)."""
+        attend to a key (the same for every member and head); in_affine: applied to x first,
+        folded into the QKV weights."""
         m, b, t, d = x.shape
         h, hd = self.max_heads, self.head_dim
-        qkv = self.qkv(x.reshape(m, b * t, d))  # [M, B*T, 3*h*hd]; per member: [3, heads, hd] padded
+        qkv = self.qkv(x.reshape(m, b * t, d), in_affine)  # [M, B*T, 3*h*hd]; per member: [3, heads, hd] padded
         qkv = qkv.view(m, b, t, 3, h, hd).permute(3, 0, 1, 4, 2, 5)  # [3, M, B, h, T, hd]
         q, k, v = (s.reshape(m * b, h, t, hd) for s in (self.q_norm(qkv[0]), self.k_norm(qkv[1]), qkv[2]))
         mask = None
@@ -261,9 +283,10 @@ class HydraMLP(nn.Module):
         self.fc2 = GroupedLinear(self.hidden, [dim] * m, bias=bias)
         self.drop2 = nn.Dropout(drop)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, in_affine: MemberAffine | None = None) -> torch.Tensor:
+        """x: [M, B, T, D]; in_affine: applied to x first, folded into fc1's weights."""
         m, b, t, d = x.shape
-        y = self.drop1(self.act(self.fc1(x.reshape(m, b * t, d))))
+        y = self.drop1(self.act(self.fc1(x.reshape(m, b * t, d), in_affine)))
         return self.drop2(self.fc2(y)).view(m, b, t, d)
 
 

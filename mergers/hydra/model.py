@@ -184,8 +184,13 @@ class HydraBlock(nn.Module):
         self.ls2 = _scale(spec, p + "ls2")
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        if self.pre_norm:
-            x = x + self.ls1(self.attn(self.norm1(x), attn_mask))
+        if self.pre_norm:  # a per-member norm's affine is folded into the grouped layer after it
+            if isinstance(self.norm1, MemberLayerNorm):
+                x = x + self.ls1(self.attn(self.norm1.normalize(x), attn_mask, in_affine=self.norm1.affine))
+            else:
+                x = x + self.ls1(self.attn(self.norm1(x), attn_mask))
+            if isinstance(self.norm2, MemberLayerNorm) and isinstance(self.mlp, HydraMLP):
+                return x + self.ls2(self.mlp(self.norm2.normalize(x), in_affine=self.norm2.affine))
             return x + self.ls2(self.mlp(self.norm2(x)))
         x = self.norm1(x + self.ls1(self.attn(x, attn_mask)))
         return self.norm2(x + self.ls2(self.mlp(x)))
