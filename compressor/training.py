@@ -44,6 +44,7 @@ class TrainConfig:
     patience: int | None = None  # evaluations without improvement before stopping; None: never
     seed: int = 0
     bootstrap: bool = False  # ensembles: each member weighs each sample by its own Poisson(1) draw
+    ensemble_member: bool = False  # one member trained alone: per-member levers (bootstrap) apply to it
     disagreement: float = 0.0  # ensembles: reward for member disagreement on synthetic outliers
     distill_alpha: float = 0.0  # weight of logit distillation from a teacher (0: plain cross-entropy)
     distill_temperature: float = 2.0
@@ -99,7 +100,8 @@ def train(
 
     The held-out NLL is measured before the first step too, so a fine-tune that makes the model
     worse leaves it as it was. Ensemble levers (no effect on a single model): `cfg.bootstrap`
-    weighs each sample by a per-member Poisson(1) draw (bagging inside one fused model);
+    weighs each sample by a per-member Poisson(1) draw (bagging inside one fused model, or, for
+    a member trained alone with `cfg.ensemble_member`, by that member's own draws);
     `cfg.disagreement` subtracts that multiple of the members' mutual information on synthetic
     outliers made from each batch by `make_outliers` (rewarding disagreement off the data).
     With a `teacher` and `cfg.distill_alpha` > 0, each member's loss is (1 - alpha) cross-entropy
@@ -158,7 +160,7 @@ def train(
                 student = (logits[:, :n].float() / t).log_softmax(-1)  # [M, B, C]
                 kl = (target.exp() * (target - student)).sum(-1) * (t * t)
                 per = (1 - cfg.distill_alpha) * per + cfg.distill_alpha * kl.to(per.dtype)
-            if cfg.bootstrap and m > 1:
+            if cfg.bootstrap and (m > 1 or cfg.ensemble_member):
                 per = per * torch.poisson(torch.ones(m, n), generator=gen).to(per)
             is_real = (torch.arange(n, device=device) < real).to(per.dtype)
             local_sum = (per.mean(0) * is_real).sum()

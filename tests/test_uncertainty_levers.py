@@ -148,6 +148,23 @@ def test_bootstrap_weights_make_identical_members_diverge(digits_small, trained_
     assert gap[False] == 0.0 and gap[True] > 1e-4, gap
 
 
+def test_bootstrap_reweights_a_member_trained_alone_but_not_a_plain_model(digits_small, trained_vit):
+    """`finetune: {target: members, bootstrap: true}`: each member trained alone sees its own
+    Poisson(1) weights (bagging); a plain single model's fine-tune ignores the flag."""
+    _, train_set, _ = digits_small
+    weights = {}
+    for name, extra in {
+        "plain": {},
+        "plain+bootstrap": {"bootstrap": True},
+        "member+bootstrap": {"bootstrap": True, "ensemble_member": True},
+    }.items():
+        vit = copy.deepcopy(trained_vit)
+        train(vit, train_set, None, TrainConfig(steps=3, batch_size=64, lr=3e-3, warmup_steps=1, **extra))
+        weights[name] = vit.blocks[1].mlp.fc1.weight.detach()
+    assert torch.equal(weights["plain"], weights["plain+bootstrap"])
+    assert float((weights["plain"] - weights["member+bootstrap"]).abs().max()) > 1e-5
+
+
 def test_a_fine_tune_that_makes_the_model_worse_leaves_it_as_it_was(digits_small, trained_vit):
     _, train_set, val = digits_small
     vit = copy.deepcopy(trained_vit)

@@ -25,7 +25,9 @@ SCHEMA = {
     **TRAIN_FIELDS,
     "steps": Field((int,), 100, check=lambda v: None if 0 < v <= 2000 else "an integer in 1..2000"),
     "lr": Field(NUM, 5e-4, check=positive),
-    "bootstrap": Field((bool,), False, doc="ensembles: each member sees its own bootstrap weighting of every batch"),
+    "bootstrap": Field(
+        (bool,), False, doc="ensembles: each member sees its own bootstrap weighting of every batch (bagging)"
+    ),
     "reinit_head": Field((bool,), False, doc="target members: each member's classifier re-initialised (its seed)"),
     "distill": Field(
         (dict, type(None)),
@@ -100,7 +102,7 @@ def finetune(ctx: RunContext, cfg: dict) -> None:
         return
     members = ctx.members or [masked_member(ctx.base, m) for m in ctx.masks]
     for i, member in enumerate(members):
-        tc_i = TrainConfig(**{**tc.__dict__, "seed": tc.seed + i})
+        tc_i = TrainConfig(**{**tc.__dict__, "seed": tc.seed + i, "ensemble_member": len(members) > 1})
         if cfg["reinit_head"]:
             torch.manual_seed(tc_i.seed)
             for module in family_of(member).classifier().modules():
