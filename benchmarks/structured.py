@@ -5,6 +5,8 @@ MetaPruner used the way its timm ViT example uses it, side by side, same base, s
     python benchmarks/structured.py --targets 0.5 --finetune-steps 60
     python benchmarks/structured.py --text --targets 0.7 0.5 --finetune-steps 60   # MiniLM, shorter budget
     python benchmarks/structured.py --allocation global    # ours with global ranking across blocks
+    python benchmarks/structured.py --targets 0.5 --seeds 0 1 2 --no-distill --tag structured_0.5x_3seeds
+    python benchmarks/structured.py --targets 0.5 --seeds 0 1 2 --no-distill --width 0.8 0.9 --tag structured_width
 
 Ours: heads and MLP units chosen together to the budget (Taylor head importance, torch-pruning's
 GroupTaylor MLP-unit importance, global ranking with a floor per block), cut through torch-pruning's
@@ -75,6 +77,47 @@ def ours(
     raw = recipe(seed, steps, cache, text)
     ctx = Runner(validate_recipe(raw, "structured"), out, quiet=True, overwrite=True).run()
     return ctx.merged
+
+
+def narrowed(model: torch.nn.Module, calib: list, keep: float, x: torch.Tensor) -> torch.nn.Module:
+    """An experiment, not a feature: `model` (a plain timm ViT) with its residual width (embedding
+    dim) also narrowed to `keep`, the channels ranked by torch-pruning's GroupTaylor over the group
+    rooted at the patch embedding, as MetaPruner narrows it."""
+    import torch_pruning as tp
+
+    model = copy.deepcopy(model).train()
+    extra = [(model.cls_token, 2), (model.pos_embed, 2)]
+    graph = tp.DependencyGraph().build_dependency(model, example_inputs=x[:1], unwrapped_parameters=extra)
+    model.zero_grad()
+    for xb, yb in calib:
+        F.cross_entropy(model(xb), yb).backward()
+    dim = model.embed_dim
+    every = graph.get_pruning_group(model.patch_embed.proj, tp.prune_conv_out_channels, idxs=list(range(dim)))
+    scores = tp.importance.GroupTaylorImportance()(every)
+    kept = int(round(dim * keep))
+    graph.get_pruning_group(
+        model.patch_embed.proj, tp.prune_conv_out_channels, idxs=scores.argsort()[: dim - kept].tolist()
+    ).prune()
+    model.embed_dim = model.num_features = model.head_hidden_size = kept
+    model.zero_grad(set_to_none=True)
+    return model.eval()
+
+
+def ours_narrowed(
+    seed: int, target: float, width: float, ft: int, out: Path, cache: Path, calib: list, x: torch.Tensor, data
+) -> torch.nn.Module:
+    """Ours to `target / width` FLOPs (heads and MLP units), then the width narrowed to `width`."""
+    prune = {"pruner": "taylor", "members": 1, "target": {"flops": target / width}, "mlp_importance": "taylor"}
+    raw = recipe(seed, [{"prune": prune}, {"merge": {"merger": "plain"}}], cache)
+    ctx = Runner(validate_recipe(raw, "structured"), out, quiet=True, overwrite=True).run()
+    model = narrowed(ctx.merged, calib, width, x)
+    train(model, data.train, data.val, _tune_config(seed, ft, False))
+    return model
+
+
+def _tune_config(seed: int, ft: int, text: bool) -> TrainConfig:
+    """The fine-tune every baseline model gets (what ours gets through its recipe)."""
+    return TrainConfig(steps=ft, batch_size=128, lr=LR[text], eval_every=EVAL_EVERY[text], patience=3, seed=seed)
 
 
 def taylor_prune(model: torch.nn.Module, pruner, calib: list) -> None:
@@ -151,7 +194,14 @@ def metapruner(base: torch.nn.Module, calib: list, target: float, x: torch.Tenso
 
 
 def run_seed(
-    seed: int, targets: list[float], ft: int, out: Path, text: bool, allocation: str = "uniform"
+    seed: int,
+    targets: list[float],
+    ft: int,
+    out: Path,
+    text: bool,
+    allocation: str = "uniform",
+    distill: bool = True,
+    widths: tuple[float, ...] = (),
 ) -> dict[str, dict]:
     cache = out / ".cache"
     raw = recipe(seed, [{"evaluate": {"plots": False}}], cache, text)
@@ -164,16 +214,16 @@ def run_seed(
         folder = out / f"seed{seed}" / f"flops{r}"
         tag = "" if allocation == "uniform" else f", {allocation}"
         models[f"ours{tag} {r}x"] = ours(seed, r, ft, False, folder / f"ours{allocation}", cache, text, allocation)
-        models[f"ours{tag} + distill {r}x"] = ours(
-            seed, r, ft, True, folder / f"ours{allocation}_distill", cache, text, allocation
-        )
+        if distill:
+            models[f"ours{tag} + distill {r}x"] = ours(
+                seed, r, ft, True, folder / f"ours{allocation}_distill", cache, text, allocation
+            )
+        for w in widths:
+            models[f"ours + width {w} {r}x"] = ours_narrowed(
+                seed, r, w, ft, folder / f"ours_width{w}", cache, calib, x, data
+            )
         mp = metapruner(base, calib, r, x, text)
-        train(
-            mp,
-            data.train,
-            data.val,
-            TrainConfig(steps=ft, batch_size=128, lr=LR[text], eval_every=EVAL_EVERY[text], patience=3, seed=seed),
-        )
+        train(mp, data.train, data.val, _tune_config(seed, ft, text))
         models[f"torch-pruning MetaPruner {r}x"] = mp
         print(f"seed {seed}: {r}x done", flush=True)
     metrics = evaluate_models(models, data, out / f"seed{seed}", reference="base", write=False)
@@ -187,11 +237,28 @@ def main() -> None:
     p.add_argument("--finetune-steps", type=int, default=100)
     p.add_argument("--text", action="store_true", help="MiniLM on the bundled Rotten Tomatoes sample")
     p.add_argument("--allocation", default="uniform", choices=["uniform", "global"], help="how ours meets the budget")
+    p.add_argument("--no-distill", action="store_true", help="skip the 'ours + distill' rows")
+    p.add_argument(
+        "--width", nargs="+", type=float, default=[], help="ViT: also ours with the residual width narrowed to these"
+    )
+    p.add_argument("--tag", default=None, help="results file name (default: structured[_text][_global])")
     p.add_argument("--out", default="runs/structured")
     args = p.parse_args()
+    if args.text and args.width:
+        p.error("--width: the default ViT only (not with --text)")
     t0 = time.time()
     per_seed = [
-        run_seed(s, args.targets, args.finetune_steps, Path(args.out), args.text, args.allocation) for s in args.seeds
+        run_seed(
+            s,
+            args.targets,
+            args.finetune_steps,
+            Path(args.out),
+            args.text,
+            args.allocation,
+            not args.no_distill,
+            tuple(args.width),
+        )
+        for s in args.seeds
     ]
     names = list(per_seed[0])
     mean = {n: {k: float(np.mean([r[n][k] for r in per_seed])) for k in per_seed[0][n]} for n in names}
@@ -204,7 +271,9 @@ def main() -> None:
         "std": std,
         "minutes": (time.time() - t0) / 60,
     }
-    tag = ("structured_text" if args.text else "structured") + ("" if args.allocation == "uniform" else "_global")
+    tag = args.tag or ("structured_text" if args.text else "structured") + (
+        "" if args.allocation == "uniform" else "_global"
+    )
     (RESULTS / f"{tag}.json").write_text(json.dumps(payload, indent=1))
     table = markdown_table(mean, std if len(args.seeds) > 1 else None)
     (RESULTS / f"{tag}.md").write_text(table)

@@ -42,9 +42,13 @@ def _hydra(mlp: str, **kw) -> dict:
     return {"merge": {"merger": "hydra", "mlp": mlp, **kw}}
 
 
-def default_recipe_steps() -> list[dict]:
-    """recipes/vit_hydra.yaml's steps up to its evaluate: the row a new user gets."""
+def default_recipe_steps(**finetune: object) -> list[dict]:
+    """recipes/vit_hydra.yaml's steps up to its evaluate: the row a new user gets (with `finetune`
+    keys changed, for the variants measured beside it)."""
     steps = yaml.safe_load((ROOT / "recipes" / "vit_hydra.yaml").read_text())["steps"]
+    for step in steps:
+        if "finetune" in step:
+            step["finetune"].update(finetune)
     return [s for s in steps if next(iter(s)) not in ("evaluate", "export")]
 
 
@@ -74,7 +78,12 @@ def digit_rows(ft: int) -> dict[str, tuple[str | None, list[dict]]]:
                 _hydra("pruned"),
             ],
         ),
-        "default recipe (the row above + calibrate)": ("taylor-units", default_recipe_steps()),
+        "members tuned 100 steps + calibrate (previous default)": ("taylor-units", default_recipe_steps(steps=ft)),
+        "members tuned 100 steps, bootstrapped, + calibrate": (
+            "taylor-units",
+            default_recipe_steps(steps=ft, bootstrap=True),
+        ),
+        "default recipe (members tuned 200 steps + calibrate)": ("taylor-units", default_recipe_steps()),
         "hydra taylor pruned + bootstrap fine-tune": (
             "taylor",
             [taylor, _hydra("pruned"), {"finetune": {**tune["finetune"], "bootstrap": True}}],
@@ -116,6 +125,7 @@ ROW_SETS = {
         "hydra taylor pruned",
         "hydra circuit pruned",
         "hydra taylor pruned + members tuned separately, heads re-initialised",
+        "default recipe (members tuned 200 steps + calibrate)",
     ],
 }
 
