@@ -61,22 +61,23 @@ def ours(
     tune = {"target": "merged", "steps": ft, "lr": LR[text], "patience": 3, "eval_every": EVAL_EVERY[text]}
     if distill:
         tune["distill"] = {"teacher": "base", "alpha": 0.5, "temperature": 2.0}
-    steps = [
-        {
-            "prune": {
-                "pruner": "taylor",
-                "members": 1,
-                "target": {"flops": target},
-                "mlp_importance": "taylor",
-                "allocation": allocation,
-            }
-        },
-        {"merge": {"merger": "plain"}},
-        {"finetune": tune},
-    ]
+    steps = [_prune_step(target, allocation), {"merge": {"merger": "plain"}}, {"finetune": tune}]
     raw = recipe(seed, steps, cache, text)
     ctx = Runner(validate_recipe(raw, "structured"), out, quiet=True, overwrite=True).run()
     return ctx.merged
+
+
+def _prune_step(target: float, allocation: str = "uniform") -> dict:
+    """Ours: heads and MLP units chosen together to `target` FLOPs (one member, a plain model)."""
+    prune = {"pruner": "taylor", "members": 1, "target": {"flops": target}, "mlp_importance": "taylor"}
+    return {"prune": {**prune, "allocation": allocation}}
+
+
+def accumulate_gradients(model: torch.nn.Module, calib: list) -> None:
+    """What torch-pruning's GroupTaylor needs: gradients of the loss summed over calibration batches."""
+    model.zero_grad()
+    for xb, yb in calib:
+        F.cross_entropy(model(xb), yb).backward()
 
 
 def narrowed(model: torch.nn.Module, calib: list, keep: float, x: torch.Tensor) -> torch.nn.Module:
@@ -88,9 +89,7 @@ def narrowed(model: torch.nn.Module, calib: list, keep: float, x: torch.Tensor) 
     model = copy.deepcopy(model).train()
     extra = [(model.cls_token, 2), (model.pos_embed, 2)]
     graph = tp.DependencyGraph().build_dependency(model, example_inputs=x[:1], unwrapped_parameters=extra)
-    model.zero_grad()
-    for xb, yb in calib:
-        F.cross_entropy(model(xb), yb).backward()
+    accumulate_gradients(model, calib)
     dim = model.embed_dim
     every = graph.get_pruning_group(model.patch_embed.proj, tp.prune_conv_out_channels, idxs=list(range(dim)))
     scores = tp.importance.GroupTaylorImportance()(every)
@@ -107,8 +106,7 @@ def ours_narrowed(
     seed: int, target: float, width: float, ft: int, out: Path, cache: Path, calib: list, x: torch.Tensor, data
 ) -> torch.nn.Module:
     """Ours to `target / width` FLOPs (heads and MLP units), then the width narrowed to `width`."""
-    prune = {"pruner": "taylor", "members": 1, "target": {"flops": target / width}, "mlp_importance": "taylor"}
-    raw = recipe(seed, [{"prune": prune}, {"merge": {"merger": "plain"}}], cache)
+    raw = recipe(seed, [_prune_step(target / width), {"merge": {"merger": "plain"}}], cache)
     ctx = Runner(validate_recipe(raw, "structured"), out, quiet=True, overwrite=True).run()
     model = narrowed(ctx.merged, calib, width, x)
     train(model, data.train, data.val, _tune_config(seed, ft, False))
@@ -123,9 +121,7 @@ def _tune_config(seed: int, ft: int, text: bool) -> TrainConfig:
 def taylor_prune(model: torch.nn.Module, pruner, calib: list) -> None:
     """What torch-pruning's examples do for GroupTaylor: accumulate gradients on calibration
     batches, then remove every group the pruner picks."""
-    model.zero_grad()
-    for xb, yb in calib:
-        F.cross_entropy(model(xb), yb).backward()
+    accumulate_gradients(model, calib)
     for group in pruner.step(interactive=True):
         group.prune()
 
