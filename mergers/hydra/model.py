@@ -150,6 +150,14 @@ def _scale(spec: HydraSpec, name: str) -> nn.Module:
     return MemberAffine(1 if spec.is_shared(name) else spec.members, spec.dim, bias=False)
 
 
+def _norm_for(norm: nn.Module, x: torch.Tensor, folds: bool) -> tuple[torch.Tensor, MemberAffine | None]:
+    """`norm(x)` for the layer after it, or, when that layer folds a per-member norm's affine into
+    its grouped weights (`folds`), the plain normalisation and the affine to fold."""
+    if folds and isinstance(norm, MemberLayerNorm):
+        return norm.normalize(x), norm.affine
+    return norm(x), None
+
+
 class HydraBlock(nn.Module):
     """A transformer block over M streams: pre-norm (x + ls1(attn(norm1(x)))) or post-norm
     (norm1(x + attn(x))), then the MLP likewise."""
@@ -184,14 +192,11 @@ class HydraBlock(nn.Module):
         self.ls2 = _scale(spec, p + "ls2")
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        if self.pre_norm:  # a per-member norm's affine is folded into the grouped layer after it
-            if isinstance(self.norm1, MemberLayerNorm):
-                x = x + self.ls1(self.attn(self.norm1.normalize(x), attn_mask, in_affine=self.norm1.affine))
-            else:
-                x = x + self.ls1(self.attn(self.norm1(x), attn_mask))
-            if isinstance(self.norm2, MemberLayerNorm) and isinstance(self.mlp, HydraMLP):
-                return x + self.ls2(self.mlp(self.norm2.normalize(x), in_affine=self.norm2.affine))
-            return x + self.ls2(self.mlp(self.norm2(x)))
+        if self.pre_norm:
+            h, affine = _norm_for(self.norm1, x, folds=True)
+            x = x + self.ls1(self.attn(h, attn_mask, in_affine=affine))
+            h, affine = _norm_for(self.norm2, x, folds=isinstance(self.mlp, HydraMLP))
+            return x + self.ls2(self.mlp(h) if affine is None else self.mlp(h, in_affine=affine))
         x = self.norm1(x + self.ls1(self.attn(x, attn_mask)))
         return self.norm2(x + self.ls2(self.mlp(x)))
 
