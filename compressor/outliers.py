@@ -33,11 +33,11 @@ def shuffle_patches(x: torch.Tensor, generator: torch.Generator, grid: int = 4) 
     return out
 
 
-def shuffle_tokens(ids: torch.Tensor, generator: torch.Generator, pad_token_id: int = 0) -> torch.Tensor:
+def shuffle_tokens(ids: torch.Tensor, generator: torch.Generator, pad_id: int = 0) -> torch.Tensor:
     """Token ids [B, L] with each row's real tokens between its first and last one permuted."""
     out = ids.clone()
     for row in out:
-        real = torch.nonzero(row != pad_token_id).flatten()
+        real = torch.nonzero(row != pad_id).flatten()
         if len(real) > 3:
             inner = real[1:-1]
             row[inner] = row[inner][torch.randperm(len(inner), generator=generator).to(row.device)]

@@ -41,6 +41,7 @@ def text_bundle(model_name: str, max_length: int = 48, seed: int = 0, ood_val_fi
     from transformers import AutoTokenizer
 
     from compressor.data import DataBundle
+    from compressor.families.hf import tokenizer_pad_id
     from compressor.outliers import shuffle_tokens, synthetic_outliers
 
     tok = AutoTokenizer.from_pretrained(resolve_model_path(model_name))
@@ -58,7 +59,7 @@ def text_bundle(model_name: str, max_length: int = 48, seed: int = 0, ood_val_fi
     y = torch.tensor([classes.index(r["label"]) for r in labelled])
     order = np.random.default_rng(seed).permutation(len(y))
     tr, va, te = np.split(order, [int(0.6 * len(y)), int(0.75 * len(y))])
-    make = functools.partial(shuffle_tokens, pad_token_id=tok.pad_token_id or 0)
+    make = functools.partial(shuffle_tokens, pad_id=tokenizer_pad_id(tok))
     if ood_val_file:
         lines = [t.strip() for t in Path(ood_val_file).read_text(encoding="utf-8").splitlines() if t.strip()]
         ood_val = TensorDataset(ids(lines))

@@ -36,7 +36,7 @@ def test_patch_shuffle_permutes_cells_of_each_image():
 
 def test_token_shuffle_keeps_first_last_and_padding():
     ids = torch.tensor([[101, 5, 6, 7, 8, 102, 0, 0], [101, 9, 102, 0, 0, 0, 0, 0]])
-    out = shuffle_tokens(ids, torch.Generator().manual_seed(3), pad_token_id=0)
+    out = shuffle_tokens(ids, torch.Generator().manual_seed(3), pad_id=0)
     assert out[0, 0] == 101 and out[0, 5] == 102 and out[0, 6:].tolist() == [0, 0]
     assert sorted(out[0, 1:5].tolist()) == [5, 6, 7, 8] and out[0, 1:5].tolist() != [5, 6, 7, 8]
     assert torch.equal(out[1], ids[1]), "too short to shuffle"

@@ -30,6 +30,11 @@ ACT_NAMES = {
 }
 
 
+def tokenizer_pad_id(tokenizer: Any) -> int:
+    """The token id a transformers tokenizer pads with (0 when it declares none)."""
+    return int(tokenizer.pad_token_id or 0)
+
+
 def with_depth(config: dict, depth: int | None) -> dict:
     """A config dict with `num_hidden_layers` replaced (when `depth` is given)."""
     return config if depth is None else {**config, "num_hidden_layers": depth}
