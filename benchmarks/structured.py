@@ -56,21 +56,29 @@ def recipe(seed: int, steps: list[dict], cache: Path, text: bool = False) -> dic
 
 
 def ours(
-    seed: int, target: float, ft: int, distill: bool, out: Path, cache: Path, text: bool, allocation: str = "uniform"
+    seed: int,
+    target: float,
+    ft: int,
+    distill: bool,
+    out: Path,
+    cache: Path,
+    text: bool,
+    allocation: str = "uniform",
+    iterative: int = 1,
 ) -> torch.nn.Module:
     tune = {"target": "merged", "steps": ft, "lr": LR[text], "patience": 3, "eval_every": EVAL_EVERY[text]}
     if distill:
         tune["distill"] = {"teacher": "base", "alpha": 0.5, "temperature": 2.0}
-    steps = [_prune_step(target, allocation), {"merge": {"merger": "plain"}}, {"finetune": tune}]
+    steps = [_prune_step(target, allocation, iterative), {"merge": {"merger": "plain"}}, {"finetune": tune}]
     raw = recipe(seed, steps, cache, text)
     ctx = Runner(validate_recipe(raw, "structured"), out, quiet=True, overwrite=True).run()
     return ctx.merged
 
 
-def _prune_step(target: float, allocation: str = "uniform") -> dict:
+def _prune_step(target: float, allocation: str = "uniform", iterative: int = 1) -> dict:
     """Ours: heads and MLP units chosen together to `target` FLOPs (one member, a plain model)."""
     prune = {"pruner": "taylor", "members": 1, "target": {"flops": target}, "mlp_importance": "taylor"}
-    return {"prune": {**prune, "allocation": allocation}}
+    return {"prune": {**prune, "allocation": allocation, "iterative_steps": iterative}}
 
 
 def accumulate_gradients(model: torch.nn.Module, calib: list) -> None:
@@ -198,6 +206,8 @@ def run_seed(
     allocation: str = "uniform",
     distill: bool = True,
     widths: tuple[float, ...] = (),
+    iterative: tuple[int, ...] = (),
+    with_metapruner: bool = True,
 ) -> dict[str, dict]:
     cache = out / ".cache"
     raw = recipe(seed, [{"evaluate": {"plots": False}}], cache, text)
@@ -214,13 +224,18 @@ def run_seed(
             models[f"ours{tag} + distill {r}x"] = ours(
                 seed, r, ft, True, folder / f"ours{allocation}_distill", cache, text, allocation
             )
+        for k in iterative:
+            models[f"ours{tag}, {k} steps {r}x"] = ours(
+                seed, r, ft, False, folder / f"ours{allocation}_it{k}", cache, text, allocation, k
+            )
         for w in widths:
             models[f"ours + width {w} {r}x"] = ours_narrowed(
                 seed, r, w, ft, folder / f"ours_width{w}", cache, calib, x, data
             )
-        mp = metapruner(base, calib, r, x, text)
-        train(mp, data.train, data.val, _tune_config(seed, ft, text))
-        models[f"torch-pruning MetaPruner {r}x"] = mp
+        if with_metapruner:
+            mp = metapruner(base, calib, r, x, text)
+            train(mp, data.train, data.val, _tune_config(seed, ft, text))
+            models[f"torch-pruning MetaPruner {r}x"] = mp
         print(f"seed {seed}: {r}x done", flush=True)
     metrics = evaluate_models(models, data, out / f"seed{seed}", reference="base", write=False)
     return metrics["summary"]
@@ -237,11 +252,25 @@ def main() -> None:
     p.add_argument(
         "--width", nargs="+", type=float, default=[], help="ViT: also ours with the residual width narrowed to these"
     )
+    p.add_argument(
+        "--iterative", nargs="+", type=int, default=[], help="also ours reaching the target in this many steps"
+    )
+    p.add_argument("--no-metapruner", action="store_true", help="skip torch-pruning's MetaPruner rows")
     p.add_argument("--tag", default=None, help="results file name (default: structured[_text][_global])")
     p.add_argument("--out", default="runs/structured")
+    p.add_argument("--merge", nargs="+", default=None, metavar="TAG", help="combine result files (seeds) into --tag")
     args = p.parse_args()
     if args.text and args.width:
         p.error("--width: the default ViT only (not with --text)")
+    tag = args.tag or ("structured_text" if args.text else "structured") + (
+        "" if args.allocation == "uniform" else "_global"
+    )
+    if args.merge:  # seeds run in separate processes, joined into one table
+        parts = [json.loads((RESULTS / f"{t}.json").read_text()) for t in args.merge]
+        per_seed = [r for part in parts for r in part["per_seed"]]
+        seeds = [s for part in parts for s in part["seeds"]]
+        write_results(tag, seeds, parts[0]["targets"], per_seed, sum(part["minutes"] for part in parts))
+        return
     t0 = time.time()
     per_seed = [
         run_seed(
@@ -253,25 +282,23 @@ def main() -> None:
             args.allocation,
             not args.no_distill,
             tuple(args.width),
+            tuple(args.iterative),
+            not args.no_metapruner,
         )
         for s in args.seeds
     ]
+    write_results(tag, args.seeds, args.targets, per_seed, (time.time() - t0) / 60)
+
+
+def write_results(tag: str, seeds: list[int], targets: list[float], per_seed: list[dict], minutes: float) -> None:
+    """Mean and std over seeds: benchmarks/results/<tag>.json (with every seed's rows) and .md."""
     names = list(per_seed[0])
     mean = {n: {k: float(np.mean([r[n][k] for r in per_seed])) for k in per_seed[0][n]} for n in names}
     std = {n: {k: float(np.std([r[n][k] for r in per_seed])) for k in per_seed[0][n]} for n in names}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "seeds": args.seeds,
-        "targets": args.targets,
-        "mean": mean,
-        "std": std,
-        "minutes": (time.time() - t0) / 60,
-    }
-    tag = args.tag or ("structured_text" if args.text else "structured") + (
-        "" if args.allocation == "uniform" else "_global"
-    )
+    payload = {"seeds": seeds, "targets": targets, "mean": mean, "std": std, "per_seed": per_seed, "minutes": minutes}
     (RESULTS / f"{tag}.json").write_text(json.dumps(payload, indent=1))
-    table = markdown_table(mean, std if len(args.seeds) > 1 else None)
+    table = markdown_table(mean, std if len(seeds) > 1 else None)
     (RESULTS / f"{tag}.md").write_text(table)
     print(table)
 

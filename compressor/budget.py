@@ -16,11 +16,14 @@ lands within 2% under the target.
 On the default ViT at 0.5x FLOPs, `global` removed nearly every head (heads save the most FLOPs
 per unit of normalised importance) and lost 7-9 points of accuracy after the fine-tune, where
 `uniform` lost none (benchmarks/structured.py): hence the default.
+
+`iterative_budget_mask` reaches the target in several equal steps, re-scoring what is left on the
+model pruned so far, as torch-pruning's `iterative_steps` does (no fine-tune between steps).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -75,20 +78,30 @@ def _largest_share(kept_share, ratio: float, lo: float, hi: float, iters: int = 
     return lo
 
 
+def _only_kept(scores: Sequence[torch.Tensor], kept: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """`scores` with what `kept` excludes set to -inf (never among a block's best)."""
+    return [s.double().masked_fill(~k.bool(), float("-inf")) for s, k in zip(scores, kept)]
+
+
 def _uniform_mask(
     family: Family,
     head_scores: Sequence[torch.Tensor],
     unit_scores: Sequence[torch.Tensor],
     kind: str,
     ratio: float,
+    within: HeadMask,
 ) -> HeadMask:
     heads, widths = family.heads_per_block(), family.mlp_widths()
     full = measure(family.model, family, kind)
+    head_scores, unit_scores = _only_kept(head_scores, within.blocks), _only_kept(unit_scores, within.units)
+    alive_h, alive_u = within.num_kept(), [int(u.sum()) for u in within.units]
+    floors = [max(1, int(UNIT_FLOOR * w)) for w in widths]
 
     def mask_at(r_heads: float, r_units: float) -> HeadMask:
-        keep_h = [_best(s, min(h, max(1, round(r_heads * h)))) for s, h in zip(head_scores, heads)]
-        floors = [max(1, int(UNIT_FLOOR * w)) for w in widths]
-        keep_u = [_best(s, min(w, max(f, round(r_units * w)))) for s, w, f in zip(unit_scores, widths, floors)]
+        keep_h = [_best(s, min(a, max(1, round(r_heads * h)))) for s, h, a in zip(head_scores, heads, alive_h)]
+        keep_u = [
+            _best(s, min(a, max(f, round(r_units * w)))) for s, w, f, a in zip(unit_scores, widths, floors, alive_u)
+        ]
         return HeadMask.from_kept(keep_h, heads).with_units(keep_u, widths)
 
     def share(r_heads: float, r_units: float) -> float:
@@ -109,31 +122,35 @@ def budget_mask(
     target: dict[str, float],
     tokens: int,
     allocation: str = "uniform",
+    within: HeadMask | None = None,
 ) -> HeadMask:
     """The mask (heads and MLP units) meeting `target` ({'flops': r} or {'params': r}, r the
     share of the unpruned model kept): the same share in every block (`uniform`), or the least
-    normalised importance removed across blocks (`global`)."""
+    normalised importance removed across blocks (`global`). With `within` (a mask with units),
+    only what it keeps can be kept: the rest counts as removed already."""
     ((kind, ratio),) = target.items()
     if kind not in ("flops", "params") or not 0 < ratio < 1:
         raise InputError(f"target: expected {{flops: r}} or {{params: r}} with r in (0, 1), got {target}")
     if allocation not in ALLOCATIONS:
         raise InputError(f"allocation: expected one of {', '.join(ALLOCATIONS)}, got {allocation!r}")
-    if allocation == "uniform":
-        return _uniform_mask(family, head_scores, unit_scores, kind, ratio)
     heads, widths = family.heads_per_block(), family.mlp_widths()
+    within = within or HeadMask.full(heads).with_units([range(w) for w in widths], widths)
+    if allocation == "uniform":
+        return _uniform_mask(family, head_scores, unit_scores, kind, ratio, within)
     head_cost, unit_cost = _costs(family, kind, tokens)
     candidates = []  # (importance per cost, block, kind, index)
     for b, (hs, us) in enumerate(zip(head_scores, unit_scores)):
-        for h, s in enumerate(_normalised(hs).tolist()):
+        hs, us = hs[within.blocks[b]], us[within.units[b]]
+        for h, s in zip(within.kept_indices(b), _normalised(hs).tolist()):
             candidates.append((s / head_cost[b], b, "head", h))
-        for u, s in enumerate(_normalised(us).tolist()):
+        for u, s in zip(within.kept_units(b), _normalised(us).tolist()):
             candidates.append((s / unit_cost[b], b, "unit", u))
     candidates.sort()
     full = measure(family.model, family, kind)
 
     def mask_removing(n: int) -> HeadMask:
-        keep_h = [set(range(h)) for h in heads]
-        keep_u = [set(range(w)) for w in widths]
+        keep_h = [set(within.kept_indices(b)) for b in range(len(heads))]
+        keep_u = [set(within.kept_units(b)) for b in range(len(widths))]
         removed = 0
         for _, b, what, i in candidates:
             if removed >= n:
@@ -154,3 +171,29 @@ def budget_mask(
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if kept_share(mid) > ratio else (lo, mid)
     return mask_removing(hi)
+
+
+Scores = tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]]
+
+
+def iterative_budget_mask(
+    family: Family,
+    scores_of: Callable[[HeadMask | None], Scores],
+    target: dict[str, float],
+    tokens: int,
+    allocation: str = "uniform",
+    steps: int = 1,
+) -> HeadMask:
+    """`budget_mask` reached in `steps` equal steps (kept share 1 - (1 - r) j / steps at step j),
+    each scoring heads and units with `scores_of(mask so far)` (None: the unpruned model), so that
+    a unit's importance is measured without the ones already removed; what a step removed stays
+    removed."""
+    ((kind, ratio),) = target.items()
+    if steps < 1:
+        raise InputError(f"iterative_steps: expected an integer >= 1, got {steps}")
+    mask: HeadMask | None = None
+    for j in range(1, steps + 1):
+        heads, units = scores_of(mask)
+        share = ratio if j == steps else 1 - (1 - ratio) * j / steps
+        mask = budget_mask(family, heads, units, {kind: share}, tokens, allocation, within=mask)
+    return mask

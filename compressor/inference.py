@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 from torch.utils.data import Dataset
@@ -10,6 +13,17 @@ from compressor.data import loader
 from compressor.device import model_device
 from compressor.distributed import gather_sampled
 from compressor.outputs import logits_reader
+
+
+@contextmanager
+def evaluating(model: nn.Module) -> Iterator[None]:
+    """`model` in eval mode inside the block, its previous mode restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
 
 
 @torch.no_grad()
@@ -21,18 +35,14 @@ def predict_logits(
     Under torch.distributed each rank predicts its DistributedSampler shard; the shards are
     gathered back into dataset order on every rank (the sampler's padding dropped).
     """
-    was_training = model.training
-    model.eval()
     read = logits_reader(model)
     device = model_device(model)
     logits, labels = [], []
-    try:
+    with evaluating(model):
         for batch in loader(dataset, batch_size):
             logits.append(read(model(batch[0].to(device))).float())
             if len(batch) > 1:
                 labels.append(batch[1].to(device))
-    finally:
-        model.train(was_training)
     n = len(dataset)
     all_labels = gather_sampled(torch.cat(labels), n).cpu() if labels else None
     return gather_sampled(torch.cat(logits, dim=1), n, dim=1).cpu(), all_labels

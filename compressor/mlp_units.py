@@ -25,7 +25,8 @@ def top_units(score: torch.Tensor, k: int) -> torch.Tensor:
 def mlp_unit_scores(
     family: Family, mask: HeadMask, calibration: Sequence[torch.Tensor] | None = None
 ) -> list[torch.Tensor]:
-    """Importance of each MLP hidden unit, per block, for the member that keeps `mask`'s heads.
+    """Importance of each MLP hidden unit, per block, for the member that keeps `mask`'s heads
+    (and only its units, when `mask` names them: an iterative prune re-scores a pruned model).
 
     Under torch.distributed the activation sums of every rank's shard are all-reduced.
     """
@@ -48,7 +49,7 @@ def mlp_unit_scores(
     was_training = family.model.training
     family.model.eval()
     try:
-        with family.masked(HeadMask(mask.blocks)):  # the member's heads, every MLP unit
+        with family.masked(mask):  # the member's heads (and its units, when the mask names them)
             for x in calibration:
                 if len(x):
                     family.logits(x)
@@ -110,7 +111,8 @@ def tp_unit_scores(
     family: Family, mask: HeadMask, batches: Sequence[tuple], criterion: str = "taylor"
 ) -> list[torch.Tensor]:
     """Per block, torch-pruning's group importance of each MLP unit (the group rooted at fc1's
-    output channels: fc1's rows and fc2's columns together), with the member's heads gated.
+    output channels: fc1's rows and fc2's columns together), with the member's heads (and units,
+    when the mask names them) gated.
 
     `taylor` and `hessian` differentiate the cross-entropy on labelled `batches` (hessian: per
     sample, on up to 64 samples); `magnitude` reads the weights only. torch-pruning's own
@@ -130,7 +132,7 @@ def tp_unit_scores(
     }[criterion]()
     model = family.model
     graph = dependency_graph(family)
-    with family.masked(HeadMask(mask.blocks)):
+    with family.masked(mask):
         model.zero_grad(set_to_none=True)
         if criterion == "taylor":
             for x, y, *_ in batches:

@@ -115,3 +115,79 @@ def test_distillation_pulls_the_student_to_the_teacher():
         train(student, train_set, None, cfg, teacher=teacher)
         results[alpha] = kl(student)
     assert results[1.0] < 0.5 * results[0.0], results
+
+
+@pytest.mark.parametrize("allocation", ["uniform", "global"])
+def test_iterative_budget_rescores_what_is_left_and_meets_the_target(allocation):
+    """Three steps to 0.5x FLOPs: each step is scored on the model pruned so far (the scorer sees
+    the previous step's mask), removals stay removed, the final mask meets the target, and the
+    scores given at the last step decide which survivors stay."""
+    from compressor.budget import budget_mask, iterative_budget_mask, measure
+    from compressor.mlp_units import unit_scores
+    from pruners.taylor import taylor_scores
+
+    from .conftest import labelled_batches
+
+    vit = make_vit("small_avg")
+    family = family_of(vit)
+    data = labelled_batches(2, classes=5)
+
+    def taylor(mask):
+        with family.masked(mask):
+            heads = taylor_scores(family, data)
+        return heads, unit_scores(family, mask or HeadMask.full(family.heads_per_block()), data, "taylor")
+
+    seen, given = [], []
+
+    def scores_of(mask):
+        heads, units = taylor(mask)
+        if len(seen) == 2:  # the last step: reversed head scores, so the survivors' order flips
+            heads = [-h for h in heads]
+        seen.append(mask)
+        given.append(heads)
+        return heads, units
+
+    mask = iterative_budget_mask(family, scores_of, {"flops": 0.5}, tokens=4, allocation=allocation, steps=3)
+    assert len(seen) == 3 and seen[0] is None and seen[1] is not None and seen[2] is not None
+    for earlier, later in [(seen[1], seen[2]), (seen[2], mask)]:  # nested: nothing removed comes back
+        assert not any(bool((b & ~a).any()) for a, b in zip(earlier.blocks, later.blocks))
+        assert not any(bool((u & ~v).any()) for v, u in zip(earlier.units, later.units))
+    assert seen[1] != seen[2] != mask, "every step removed something"
+    pruned = prune_physically(vit, mask)
+    kept = measure(pruned, family_of(pruned), "flops") / measure(vit, family, "flops")
+    assert 0.48 <= kept <= 0.5, kept
+    if allocation == "uniform":  # among step 2's survivors, the best by the last (reversed) scores
+        for b in range(mask.num_blocks):
+            alive = seen[2].kept_indices(b)
+            order = sorted(alive, key=lambda h: -float(given[2][b][h]))
+            assert mask.kept_indices(b) == sorted(order[: len(mask.kept_indices(b))])
+    heads, units = taylor(None)
+    one = iterative_budget_mask(family, lambda m: (heads, units), {"flops": 0.5}, 4, allocation, steps=1)
+    assert one == budget_mask(family, heads, units, {"flops": 0.5}, 4, allocation)
+
+
+def test_prune_step_reaches_a_flops_target_in_steps(tmp_path):
+    """The recipe path: `target` + `iterative_steps: 2` re-scores heads (the pruner) and units on
+    the half-pruned model, and the plain model it yields has the FLOPs the target asks for; a
+    pruner that cannot re-score heads is refused by preflight, in one line."""
+    from compressor.budget import measure
+    from compressor.errors import InputError
+    from compressor.recipe import validate_recipe
+    from compressor.runner import Runner
+
+    kwargs = {"img_size": 16, "patch_size": 4, "embed_dim": 48, "depth": 2, "num_heads": 4}
+    model = {"name": "vit_tiny_patch16_224", "kwargs": kwargs, "train_base": {"steps": 4, "eval_every": 2}}
+    prune = {"pruner": "taylor", "members": 1, "target": {"flops": 0.6}, "iterative_steps": 2}
+    raw = {
+        "name": "it", "model": model, "data": {"source": "digits", "calibration_samples": 64},
+        "steps": [{"prune": {**prune, "mlp_importance": "taylor"}}, {"merge": {"merger": "plain"}}],
+    }  # fmt: skip
+    ctx = Runner(validate_recipe(raw, "it.yaml"), tmp_path / "run", quiet=True).run()
+    kept = measure(ctx.merged, family_of(ctx.merged), "flops") / measure(ctx.base, family_of(ctx.base), "flops")
+    assert 0.58 <= kept <= 0.6, kept
+    raw["steps"][0]["prune"] = {**prune, "pruner": "random"}
+    with pytest.raises(InputError, match="prune.iterative_steps: pruner 'random' cannot re-score heads"):
+        Runner(validate_recipe(raw, "it.yaml"), tmp_path / "run2", quiet=True).run()
+    raw["steps"][0]["prune"] = {**prune, "iterative_steps": 0}
+    with pytest.raises(Exception, match="iterative_steps"):
+        validate_recipe(raw, "it.yaml")

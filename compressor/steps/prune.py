@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from compressor.budget import ALLOCATIONS, budget_mask
+from compressor.budget import ALLOCATIONS, iterative_budget_mask
 from compressor.context import RunContext
 from compressor.distributed import is_main
 from compressor.errors import InputError
 from compressor.families import Family
+from compressor.inference import evaluating
 from compressor.io import atomic_write_text, json_text
 from compressor.mask_checks import check_pruner_masks
-from compressor.masks import save_masks
+from compressor.masks import HeadMask, save_masks
 from compressor.mlp_units import TP_CRITERIA, unit_scores, with_disjoint_units, with_top_units
 from compressor.recipe import plugin_options
 from compressor.registry import resolve
@@ -50,6 +51,12 @@ SCHEMA = {
         choices=ALLOCATIONS,
         doc="with target: the same share of heads and units in every block, or global ranking across blocks",
     ),
+    "iterative_steps": Field(
+        (int,),
+        1,
+        check=lambda v: None if v >= 1 else "an integer >= 1",
+        doc="with target: reach it in this many steps, re-scoring heads and units on what is left",
+    ),
     "mlp_split": Field(
         (str,),
         "top",
@@ -59,24 +66,38 @@ SCHEMA = {
 }
 
 
-STEP_KEYS = ("mlp_keep_ratio", "mlp_importance", "target", "allocation", "mlp_split")
+STEP_KEYS = ("mlp_keep_ratio", "mlp_importance", "target", "allocation", "iterative_steps", "mlp_split")
 
 
-def _budget_masks(ctx: RunContext, family: Family, pruner, cfg: dict, calib: list) -> list:
-    """Each member's heads and MLP units chosen together to meet the step's `target`."""
+def _budget_masks(ctx: RunContext, family: Family, pruner, cfg: dict, calib: list, heldout: list) -> list:
+    """Each member's heads and MLP units chosen together to meet the step's `target` (in
+    `iterative_steps` steps, the pruner re-scoring the heads left after each)."""
     if pruner.last_scores is None:
         raise InputError(f"prune.target: pruner '{cfg['pruner']}' gives no head scores; use a scored pruner")
     tokens = family.hydra_ends()[0].tokens_per_sample(calib[0][0])
     masks = []
     for m, mask in enumerate(ctx.masks):
-        units = unit_scores(family, mask, calib, cfg["mlp_importance"])
-        masks.append(budget_mask(family, pruner.last_scores[m], units, cfg["target"], tokens, cfg["allocation"]))
+
+        def scores_of(current: HeadMask | None, m: int = m, mask: HeadMask = mask) -> tuple[list, list]:
+            if current is None:
+                return pruner.last_scores[m], unit_scores(family, mask, calib, cfg["mlp_importance"])
+            with family.masked(current), evaluating(family.model):
+                heads = pruner.member_scores(family, calib, heldout, m)
+            return heads, unit_scores(family, current, calib, cfg["mlp_importance"])
+
+        masks.append(
+            iterative_budget_mask(family, scores_of, cfg["target"], tokens, cfg["allocation"], cfg["iterative_steps"])
+        )
     return masks
 
 
 def _preflight(cfg: dict, family: Family) -> None:
-    """The pruner can produce masks for this model's head counts (Pruner.preflight)."""
-    resolve("pruner", cfg["pruner"])(**plugin_options(cfg, "pruner", *STEP_KEYS)).preflight(family)
+    """The pruner can produce masks for this model's head counts (Pruner.preflight), and can
+    re-score heads when the target is reached in steps."""
+    pruner = resolve("pruner", cfg["pruner"])(**plugin_options(cfg, "pruner", *STEP_KEYS))
+    pruner.preflight(family)
+    if cfg["iterative_steps"] > 1 and not hasattr(pruner, "member_scores"):
+        raise InputError(f"prune.iterative_steps: pruner '{cfg['pruner']}' cannot re-score heads; use 1")
 
 
 @register_step("prune", SCHEMA, plugin=("pruner", "pruner"), preflight=_preflight)
@@ -91,7 +112,7 @@ def prune(ctx: RunContext, cfg: dict) -> None:
     ctx.masks = check_pruner_masks(pruner.prune(family, calib, heldout), family, pruner, cfg["pruner"])
     family.apply_mask(None)
     if cfg["target"] is not None:
-        ctx.masks = _budget_masks(ctx, family, pruner, cfg, calib)
+        ctx.masks = _budget_masks(ctx, family, pruner, cfg, calib, heldout)
     elif cfg["mlp_split"] == "disjoint":
         ctx.masks = with_disjoint_units(family, ctx.masks, [b[0] for b in calib])
     elif cfg["mlp_keep_ratio"] is not None:
