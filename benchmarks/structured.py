@@ -7,6 +7,7 @@ MetaPruner used the way its timm ViT example uses it, side by side, same base, s
     python benchmarks/structured.py --allocation global    # ours with global ranking across blocks
     python benchmarks/structured.py --targets 0.5 --seeds 0 1 2 --no-distill --tag structured_0.5x_3seeds
     python benchmarks/structured.py --targets 0.5 --seeds 0 1 2 --no-distill --width 0.8 0.9 --tag structured_width
+    python benchmarks/structured.py --targets 0.5 --seeds 0 1 2 --no-distill --iterative 2 4 --tag structured_iterative
 
 Ours: heads and MLP units chosen together to the budget (Taylor head importance, torch-pruning's
 GroupTaylor MLP-unit importance, global ranking with a floor per block), cut through torch-pruning's

@@ -15,7 +15,7 @@ def write(tmp_path, data, name="r.yaml"):
 BASE = {"model": {"name": "vit_tiny_patch16_224"}, "steps": [{"prune": {"pruner": "taylor"}}]}
 
 
-@pytest.mark.parametrize("name", ["vit_hydra.yaml", "vit_prune.yaml", "bert_hydra.yaml"])
+@pytest.mark.parametrize("name", ["vit_hydra.yaml", "vit_prune.yaml", "vit_smaller.yaml", "bert_hydra.yaml"])
 def test_shipped_recipes_validate(name):
     r = load_recipe(ROOT / "recipes" / name)
     assert r.steps and r.model["name"]
