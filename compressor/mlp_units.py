@@ -13,6 +13,7 @@ import torch
 
 from compressor.distributed import all_reduce_sum
 from compressor.families import Family
+from compressor.inference import evaluating
 from compressor.masks import HeadMask
 
 
@@ -46,17 +47,14 @@ def mlp_unit_scores(
                 count[0] += flat.shape[0]
 
         hooks.append(s.act.register_forward_hook(hook))
-    was_training = family.model.training
-    family.model.eval()
     try:
-        with family.masked(mask):  # the member's heads (and its units, when the mask names them)
+        with evaluating(family.model), family.masked(mask):  # the member's heads (and units, when named)
             for x in calibration:
                 if len(x):
                     family.logits(x)
     finally:
         for h in hooks:
             h.remove()
-        family.model.train(was_training)
     total = float(all_reduce_sum(count)[0])
     return [all_reduce_sum(s) / max(total, 1.0) * n for s, n in zip(sums, fc2_norms)]
 

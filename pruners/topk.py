@@ -15,6 +15,7 @@ import torch
 from compressor.data import bootstrap
 from compressor.errors import OptionError
 from compressor.families import Family
+from compressor.inference import evaluating
 from compressor.masks import HeadMask
 from compressor.plugins import Batch, Importance, Pruner
 from compressor.registry import resolve
@@ -71,12 +72,8 @@ class TopKPruner(Pruner):
     def prune(
         self, family: Family, calibration: Sequence[Batch], heldout: Sequence[Batch] | None = None
     ) -> list[HeadMask]:
-        was_training = family.model.training
-        family.model.eval()
-        try:
+        with evaluating(family.model):
             scores = [self.member_scores(family, calibration, heldout, m) for m in range(self.members)]
-        finally:
-            family.model.train(was_training)
         self.last_scores = scores
         masks = [self.select(s, m) for m, s in enumerate(scores)]
         if self.distinct and self.members > 1:
