@@ -11,7 +11,7 @@ from torch import nn
 
 from compressor.data import DataBundle
 from compressor.device import model_device, synchronize
-from compressor.inference import predict
+from compressor.inference import evaluating, predict
 from compressor.io import atomic_write_text, json_text
 from compressor.metrics import classification_report, ood_report
 
@@ -50,13 +50,8 @@ def flops_per_sample(model: nn.Module, x: torch.Tensor) -> float:
     (matrix multiplications, convolutions and attention; elementwise work is not counted)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    was_training = model.training
-    model.eval()
-    try:
-        with FlopCounterMode(display=False) as counter:
-            model(x.to(model_device(model)))
-    finally:
-        model.train(was_training)
+    with evaluating(model), FlopCounterMode(display=False) as counter:
+        model(x.to(model_device(model)))
     return counter.get_total_flops() / len(x)
 
 

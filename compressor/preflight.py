@@ -10,6 +10,7 @@ from torch import nn
 from compressor.data import DataBundle
 from compressor.errors import CompressorError, InputError
 from compressor.families import family_of
+from compressor.inference import evaluating
 from compressor.recipe import Recipe
 from compressor.registry import resolve
 
@@ -22,16 +23,12 @@ def preflight(recipe: Recipe, model: nn.Module, data: DataBundle) -> None:
     except CompressorError as e:
         raise InputError(f"{where}: model: {e}") from e
     x = next(iter(torch.utils.data.DataLoader(data.test, batch_size=2)))[0]
-    was_training = model.training
-    model.eval()
     try:
-        with torch.no_grad():
+        with evaluating(model), torch.no_grad():
             family.logits(x)
     except Exception as e:  # any failure of the real forward pass is the model/data pairing's fault
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise InputError(f"{where}: model/data: one test batch does not run through the model ({msg})") from e
-    finally:
-        model.train(was_training)
     for i, (name, cfg) in enumerate(recipe.steps):
         check = resolve("step", name).preflight
         if check is None:

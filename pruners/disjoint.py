@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from compressor.families import Family
+from compressor.inference import evaluating
 from compressor.masks import HeadMask
 from compressor.plugins import Batch, Pruner
 from pruners.topk import make_importance
@@ -27,12 +28,8 @@ class DisjointPruner(Pruner):
         if self.rank_by is None:
             g = torch.Generator().manual_seed(self.seed)
             return [torch.randperm(h, generator=g) for h in family.heads_per_block()]
-        was_training = family.model.training
-        family.model.eval()
-        try:
+        with evaluating(family.model):
             scores = self.rank_by(family, calibration, heldout, outliers=self.outliers)
-        finally:
-            family.model.train(was_training)
         self.last_scores = [scores] * self.members
         return [torch.argsort(-s.double(), stable=True) for s in scores]
 

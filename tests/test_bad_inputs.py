@@ -123,6 +123,18 @@ RECIPE_CASES = [
         ["steps[2].finetune: 'finetune' target 'members' after the merge would be lost"],
     ),
     (
+        "reinit-merged",
+        lambda r: r["steps"].insert(2, {"finetune": {"target": "merged", "reinit_blocks": 1}}),
+        2,
+        ["steps[2].finetune: 'finetune' reinit_head and reinit_blocks need target 'members'"],
+    ),
+    (
+        "reinit-too-deep",
+        lambda r: r["steps"].insert(1, {"finetune": {"target": "members", "reinit_blocks": 3}}),
+        2,
+        ["steps[1].finetune: reinit_blocks: 3 is more than the model's 2 blocks"],
+    ),
+    (
         "finetune-steps",
         lambda r: r["steps"].insert(2, {"finetune": {"steps": 10**6}}),
         2,

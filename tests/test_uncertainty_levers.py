@@ -2,19 +2,23 @@
 fine-tune's diversity levers, safe fine-tuning and FLOPs counting."""
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 from torch.utils.data import TensorDataset
 
-from compressor.data import digits_bundle
+from compressor.context import RunContext
+from compressor.data import DataBundle, digits_bundle
 from compressor.errors import InputError
 from compressor.evaluate import flops_per_sample
 from compressor.families import family_of
 from compressor.masks import HeadMask
 from compressor.mlp_units import with_top_units
 from compressor.outliers import shuffle_patches, shuffle_tokens
+from compressor.recipe import validate_recipe
+from compressor.registry import resolve
 from compressor.training import TrainConfig, heldout_nll, mutual_information, train
 from mergers.hydra import build_hydra
 from mergers.plain import prune_physically
@@ -186,3 +190,31 @@ def test_flops_are_counted_and_hydra_pruned_costs_about_one_model():
     assert 0.95 < ratio < 1.05, ratio
     grouped = build_hydra(vit, masks, mlp_mode="grouped")
     assert 2.0 < flops_per_sample(grouped, x) / flops_per_sample(vit, x) < 2.6
+
+
+def test_reinit_blocks_gives_each_member_fresh_last_blocks_and_keeps_the_rest(digits_small, trained_vit):
+    """`finetune: {target: members, reinit_blocks: 1, reinit_head: true}`: each member's last block
+    and classifier are redrawn from its own seed (different from the base and from each other);
+    earlier blocks start from the base's weights."""
+    data, train_set, val = digits_small
+    raw = {
+        "name": "reinit",
+        "model": {"name": "vit_tiny_patch16_224"},
+        "steps": [
+            {"prune": {"pruner": "random", "members": 2}},
+            {"finetune": {"target": "members", "steps": 1, "lr": 1e-9, "reinit_blocks": 1, "reinit_head": True}},
+        ],
+    }
+    recipe = validate_recipe(raw)
+    bundle = DataBundle(train=train_set, val=val, test=val)
+    masks = [HeadMask.from_kept([[0, 1], [2, 3]], [4, 4]), HeadMask.from_kept([[2, 3], [0, 1]], [4, 4])]
+    ctx = RunContext(recipe=recipe, out=Path("."), data=bundle, base=trained_vit, masks=masks)
+    resolve("step", "finetune").run(ctx, recipe.steps[1][1])
+    first, last = (trained_vit.blocks[b].mlp.fc1.weight for b in (0, 1))
+    a, b = ctx.members
+    for member in (a, b):
+        assert torch.allclose(member.blocks[0].mlp.fc1.weight, first, atol=1e-6)
+        assert not torch.allclose(member.blocks[1].mlp.fc1.weight, last, atol=1e-3)
+        assert not torch.allclose(member.head.weight, trained_vit.head.weight, atol=1e-3)
+    assert not torch.allclose(a.blocks[1].attn.qkv.weight, b.blocks[1].attn.qkv.weight, atol=1e-3)
+    assert not torch.allclose(a.head.weight, b.head.weight, atol=1e-3)

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from compressor.errors import InputError
+from compressor.inference import evaluating
 
 
 class MeanPoolClassifier(nn.Module):
@@ -70,10 +71,8 @@ class ZeroShotCLIP(nn.Module):
         cls, clip: nn.Module, prompt_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
     ) -> ZeroShotCLIP:
         """From a transformers CLIPModel and one tokenised prompt per class ("a photo of a {name}")."""
-        was_training = clip.training
-        clip.eval()
-        text = clip.get_text_features(input_ids=prompt_ids, attention_mask=attention_mask).pooler_output
-        clip.train(was_training)
+        with evaluating(clip):
+            text = clip.get_text_features(input_ids=prompt_ids, attention_mask=attention_mask).pooler_output
         return cls(clip.vision_model, clip.visual_projection, text.detach().clone(), float(clip.logit_scale.exp()))
 
     @classmethod

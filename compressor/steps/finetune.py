@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from compressor.context import RunContext
-from compressor.families import family_of
+from compressor.errors import InputError
+from compressor.families import Family, family_of
 from compressor.masks import HeadMask
 from compressor.recipe import TRAIN_FIELDS
 from compressor.schema import NUM, Field, positive
@@ -29,6 +30,13 @@ SCHEMA = {
         (bool,), False, doc="ensembles: each member sees its own bootstrap weighting of every batch (bagging)"
     ),
     "reinit_head": Field((bool,), False, doc="target members: each member's classifier re-initialised (its seed)"),
+    "reinit_blocks": Field(
+        (int,),
+        0,
+        check=lambda v: None if v >= 0 else "an integer >= 0",
+        doc="target members: each member's last N transformer blocks re-initialised (its seed), "
+        "so members differ in more than their heads, as Deep Ensemble members do",
+    ),
     "distill": Field(
         (dict, type(None)),
         None,
@@ -69,7 +77,26 @@ def _check(cfg: dict, earlier: StepList, later: StepList) -> str | None:
         )
     if target == "auto" and not before & {"prune", "merge"}:
         return "needs a 'prune' or 'merge' step before it"
+    merged = target == "merged" or (target == "auto" and "merge" in before)
+    if (cfg["reinit_head"] or cfg["reinit_blocks"]) and merged:
+        return "reinit_head and reinit_blocks need target 'members' (each member re-initialised on its own)"
     return None
+
+
+def _preflight(cfg: dict, family: Family) -> None:
+    """reinit_blocks fits the model's depth."""
+    if cfg["reinit_blocks"] > family.num_blocks:
+        raise InputError(f"reinit_blocks: {cfg['reinit_blocks']} is more than the model's {family.num_blocks} blocks")
+
+
+def reinitialise(modules: list[nn.Module], seed: int) -> None:
+    """Fresh weights (each layer's own `reset_parameters`) for every layer under `modules`, drawn
+    from `seed`: what makes members trained from one base differ as Deep Ensemble members do."""
+    torch.manual_seed(seed)
+    for root in modules:
+        for module in root.modules():
+            if hasattr(module, "reset_parameters"):
+                module.reset_parameters()
 
 
 def train_config(ctx: RunContext, cfg: dict) -> TrainConfig:
@@ -80,7 +107,7 @@ def train_config(ctx: RunContext, cfg: dict) -> TrainConfig:
     return tc
 
 
-@register_step("finetune", SCHEMA, check=_check)
+@register_step("finetune", SCHEMA, check=_check, preflight=_preflight)
 def finetune(ctx: RunContext, cfg: dict) -> None:
     """Fine-tune the merged model, or each head-masked member (then merge them)."""
     target = cfg["target"]
@@ -103,11 +130,12 @@ def finetune(ctx: RunContext, cfg: dict) -> None:
     members = ctx.members or [masked_member(ctx.base, m) for m in ctx.masks]
     for i, member in enumerate(members):
         tc_i = TrainConfig(**{**tc.__dict__, "seed": tc.seed + i, "ensemble_member": len(members) > 1})
+        family = family_of(member)
+        fresh = list(family.blocks()[family.num_blocks - cfg["reinit_blocks"] :]) if cfg["reinit_blocks"] else []
         if cfg["reinit_head"]:
-            torch.manual_seed(tc_i.seed)
-            for module in family_of(member).classifier().modules():
-                if hasattr(module, "reset_parameters"):
-                    module.reset_parameters()
+            fresh.append(family.classifier())
+        if fresh:
+            reinitialise(fresh, tc_i.seed)
         ctx.log[f"finetune member {i}"] = train(
             member, ctx.data.train, ctx.data.val, tc_i, desc=f"finetune member {i}", teacher=teacher
         )
