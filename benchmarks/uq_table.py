@@ -79,12 +79,23 @@ def digit_rows(ft: int) -> dict[str, tuple[str | None, list[dict]]]:
                 _hydra("pruned"),
             ],
         ),
-        "members tuned 100 steps + calibrate (previous default)": ("taylor-units", default_recipe_steps(steps=ft)),
+        "members tuned 100 steps + calibrate (earlier default)": (
+            "taylor-units",
+            default_recipe_steps(steps=ft, lr=5e-4),
+        ),
         "members tuned 100 steps, bootstrapped, + calibrate": (
             "taylor-units",
-            default_recipe_steps(steps=ft, bootstrap=True),
+            default_recipe_steps(steps=ft, lr=5e-4, bootstrap=True),
         ),
-        "default recipe (members tuned 200 steps + calibrate)": ("taylor-units", default_recipe_steps()),
+        "members tuned 200 steps at lr 5e-4 + calibrate (previous default)": (
+            "taylor-units",
+            default_recipe_steps(lr=5e-4),
+        ),
+        "members tuned 200 steps at lr 5e-4, last block re-initialised": (
+            "taylor-units",
+            default_recipe_steps(lr=5e-4, reinit_blocks=1),
+        ),
+        "default recipe (members tuned 200 steps at lr 1e-3 + calibrate)": ("taylor-units", default_recipe_steps()),
         "hydra taylor pruned + bootstrap fine-tune": (
             "taylor",
             [taylor, _hydra("pruned"), {"finetune": {**tune["finetune"], "bootstrap": True}}],
@@ -126,7 +137,7 @@ ROW_SETS = {
         "hydra taylor pruned",
         "hydra circuit pruned",
         "hydra taylor pruned + members tuned separately, heads re-initialised",
-        "default recipe (members tuned 200 steps + calibrate)",
+        "default recipe (members tuned 200 steps at lr 1e-3 + calibrate)",
     ],
     # the text table within the 40 minutes on 2 cores: `average` (2.5x FLOPs, 12 min a
     # seed alone on 2 cores) only with --rows all
@@ -187,6 +198,17 @@ def run_seed(args: argparse.Namespace, seed: int, rows: dict, out: Path) -> dict
     ).items():
         result[model_name] = row
     print(f"seed {seed}: baselines done ({time.time() - t0:.0f}s)", flush=True)
+    if args.de_steps:  # a Deep Ensemble whose members get as many training steps as a Hydra member
+        long = copy.deepcopy(raw)
+        long["model"]["train_base"]["steps"] = args.de_steps
+        name = f"deep_ensemble x3, {args.de_steps}-step members"
+        folder = out / f"seed{seed}" / f"deep_ensemble_{args.de_steps}"
+        row = dict(run_row(long, name, [], folder, ["deep_ensemble"], args.resume)["deep_ensemble x3"])
+        for key, ratio in (("mflops", "flops_ratio"), ("params", "params_ratio")):  # to the base, not to itself
+            row[ratio] = row[key] / result["base"][key]
+        row.pop("latency_ratio", None)  # measured against itself in its own run: meaningless here
+        result[name] = row
+        print(f"seed {seed}: {name} done", flush=True)
     masks: dict[str, Path] = {}
     for name, (key, steps) in rows.items():
         folder = out / f"seed{seed}" / name.replace(" ", "_").replace(",", "").replace("/", "-")
@@ -232,6 +254,12 @@ def main() -> None:
         help="all, main, check, or row names separated by ';' (default: all; with --text, the rows that fit 40 min)",
     )
     p.add_argument("--finetune-steps", type=int, default=100)
+    p.add_argument(
+        "--de-steps",
+        type=int,
+        default=None,
+        help="also a Deep Ensemble whose members train this many steps (370 = a Hydra member's 170 + 200)",
+    )
     p.add_argument("--in-classes", nargs="+", type=int, default=None, help="digits: in-distribution classes")
     p.add_argument("--text", action="store_true", help="MiniLM on the bundled Rotten Tomatoes sample")
     p.add_argument("--out", default="runs/uq_table")
