@@ -4,6 +4,7 @@ next to the base model, a 3-model Deep Ensemble, MC dropout and single pruned mo
     python benchmarks/uq_table.py                         # digits, seeds 0 1 2, every row (~2 h on 2 cores)
     python benchmarks/uq_table.py --rows main             # the rows the README's main table shows
     python benchmarks/uq_table.py --in-classes 2 3 4 5 6 7 8 9 --rows check   # another class split
+    python benchmarks/uq_table.py --base-steps 740 --rows converged   # from a base trained to convergence
     python benchmarks/uq_table.py --text --seeds 0 1      # MiniLM on the bundled Rotten Tomatoes sample (~32 min)
     python benchmarks/uq_table.py --text --seeds 0 1 --rows all   # plus `hydra taylor average` (~55 min)
 
@@ -96,6 +97,8 @@ def digit_rows(ft: int) -> dict[str, tuple[str | None, list[dict]]]:
             default_recipe_steps(lr=5e-4, reinit_blocks=1),
         ),
         "default recipe (members tuned 200 steps at lr 1e-3 + calibrate)": ("taylor-units", default_recipe_steps()),
+        "default recipe, last block re-initialised": ("taylor-units", default_recipe_steps(reinit_blocks=1)),
+        "default recipe, members tuned 400 steps": ("taylor-units", default_recipe_steps(steps=400)),
         "hydra taylor pruned + bootstrap fine-tune": (
             "taylor",
             [taylor, _hydra("pruned"), {"finetune": {**tune["finetune"], "bootstrap": True}}],
@@ -139,6 +142,9 @@ ROW_SETS = {
         "hydra taylor pruned + members tuned separately, heads re-initialised",
         "default recipe (members tuned 200 steps at lr 1e-3 + calibrate)",
     ],
+    # a base trained to convergence (--base-steps 740): the Deep Ensemble's members are trained as
+    # long, so Hydra's edge can no longer come from an under-trained base
+    "converged": ["single taylor-pruned", "default recipe (members tuned 200 steps at lr 1e-3 + calibrate)"],
     # the text table within the 40 minutes on 2 cores: `average` (2.5x FLOPs, 12 min a
     # seed alone on 2 cores) only with --rows all
     "text": ["single taylor-pruned", "hydra taylor pruned"],
@@ -190,6 +196,8 @@ def run_seed(args: argparse.Namespace, seed: int, rows: dict, out: Path) -> dict
     raw["cache_dir"] = str(out / ".cache")
     if args.in_classes:
         raw["data"]["in_classes"] = args.in_classes
+    if args.base_steps:  # the base (and so every Deep Ensemble member and every Hydra's start) trained longer
+        raw["model"]["train_base"]["steps"] = args.base_steps
     result: dict[str, dict] = {}
     t0 = time.time()
     baselines = ["base", "deep_ensemble"] + ([] if args.text else ["mc_dropout"])
@@ -260,6 +268,12 @@ def main() -> None:
         default=None,
         help="also a Deep Ensemble whose members train this many steps (370 = a Hydra member's 170 + 200)",
     )
+    p.add_argument(
+        "--base-steps",
+        type=int,
+        default=None,
+        help="train the base this many steps instead of the recipe's (e.g. 600: trained to convergence)",
+    )
     p.add_argument("--in-classes", nargs="+", type=int, default=None, help="digits: in-distribution classes")
     p.add_argument("--text", action="store_true", help="MiniLM on the bundled Rotten Tomatoes sample")
     p.add_argument("--out", default="runs/uq_table")
@@ -280,6 +294,7 @@ def main() -> None:
     t0 = time.time()
     per_seed = [run_seed(args, s, rows, Path(args.out)) for s in args.seeds]
     split = "" if not args.in_classes else "_in" + "".join(map(str, args.in_classes))
+    split += f"_base{args.base_steps}" if args.base_steps else ""
     tag = args.tag or ("text" if args.text else "digits" + split)
     write_results(tag, args.seeds, wanted, per_seed, round((time.time() - t0) / 60, 1))
 

@@ -196,7 +196,7 @@ def test_reinit_blocks_gives_each_member_fresh_last_blocks_and_keeps_the_rest(di
     """`finetune: {target: members, reinit_blocks: 1, reinit_head: true}`: each member's last block
     and classifier are redrawn from its own seed (different from the base and from each other);
     earlier blocks start from the base's weights."""
-    data, train_set, val = digits_small
+    _, train_set, val = digits_small
     raw = {
         "name": "reinit",
         "model": {"name": "vit_tiny_patch16_224"},

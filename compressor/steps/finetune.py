@@ -131,7 +131,7 @@ def finetune(ctx: RunContext, cfg: dict) -> None:
     for i, member in enumerate(members):
         tc_i = TrainConfig(**{**tc.__dict__, "seed": tc.seed + i, "ensemble_member": len(members) > 1})
         family = family_of(member)
-        fresh = list(family.blocks()[family.num_blocks - cfg["reinit_blocks"] :]) if cfg["reinit_blocks"] else []
+        fresh = list(family.blocks()[family.num_blocks - cfg["reinit_blocks"] :])  # empty for 0
         if cfg["reinit_head"]:
             fresh.append(family.classifier())
         if fresh:
