@@ -92,12 +92,16 @@ def with_top_units(
     criterion: str = "activation",
 ) -> list[HeadMask]:
     """Each mask keeping, per block, the `keep_ratio` share of MLP units its member scores highest
-    (`calibration`: (inputs, labels) batches, or input tensors for the activation rule)."""
+    (`calibration`: (inputs, labels) batches, or input tensors for the activation rule).
+
+    Units are scored with the member's heads only: a mask that already names units (one read back
+    from a masks.json) gets the same choice as a fresh one, not one scored with its old units gated.
+    """
     widths = family.mlp_widths()
     keeps = [max(1, int(round(keep_ratio * w))) for w in widths]
     out = []
     for mask in masks:
-        scores = unit_scores(family, mask, calibration, criterion)
+        scores = unit_scores(family, HeadMask(mask.blocks), calibration, criterion)
         out.append(mask.with_units([top_units(s, k).tolist() for s, k in zip(scores, keeps)], widths))
     return out
 

@@ -14,7 +14,7 @@ from compressor.data import DataBundle, digits_bundle
 from compressor.errors import InputError
 from compressor.evaluate import flops_per_sample
 from compressor.families import family_of
-from compressor.masks import HeadMask
+from compressor.masks import HeadMask, load_masks, save_masks
 from compressor.mlp_units import with_top_units
 from compressor.outliers import shuffle_patches, shuffle_tokens
 from compressor.recipe import validate_recipe
@@ -99,6 +99,20 @@ def test_mlp_unit_masks_gate_exactly_what_physical_removal_removes():
     # the fused model uses exactly the units the masks name
     fused = build_hydra(vit, masks * 2, mlp_mode="pruned")
     torch.testing.assert_close(fused(x).member_logits[1], member(x), rtol=1e-5, atol=1e-5)
+
+
+def test_mlp_units_reselected_from_a_saved_mask_match_the_fresh_choice(tmp_path):
+    """A masks.json that already names units, pruned again with mlp_keep_ratio (the `file` pruner
+    in a recipe), keeps the units a fresh selection keeps; a different ratio still re-selects."""
+    vit = make_vit("small_avg")
+    family = family_of(vit)
+    calib = [b[0] for b in labelled_batches()]
+    heads_only = [HeadMask.from_kept([[0, 3, 5]] * 3, family.heads_per_block())]
+    fresh = with_top_units(family, heads_only, 0.25, calib)
+    save_masks(tmp_path / "masks.json", fresh)
+    reread = load_masks(tmp_path / "masks.json")
+    assert with_top_units(family, reread, 0.25, calib) == fresh
+    assert with_top_units(family, reread, 0.5, calib) == with_top_units(family, heads_only, 0.5, calib)
 
 
 @pytest.fixture(scope="module")
