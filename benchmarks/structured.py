@@ -25,26 +25,23 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 import yaml
 
 from compressor.data import batches
-from compressor.evaluate import evaluate_models, flops_per_sample, markdown_table
+from compressor.evaluate import evaluate_models, flops_per_sample
 from compressor.recipe import validate_recipe
 from compressor.runner import Runner
 from compressor.training import TrainConfig, train
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from uq_table import base_recipe  # noqa: E402  (the text base: whole MiniLM encoder fine-tuned)
+from uq_table import base_recipe, merge_results, write_results  # noqa: E402  (the text base: whole MiniLM encoder fine-tuned)
 
 LR = {False: 5e-4, True: 1e-4}  # fine-tune learning rate: ViT, MiniLM (as in uq_table.py)
 EVAL_EVERY = {False: 25, True: 20}
@@ -267,10 +264,7 @@ def main() -> None:
         "" if args.allocation == "uniform" else "_global"
     )
     if args.merge:  # seeds run in separate processes, joined into one table
-        parts = [json.loads((RESULTS / f"{t}.json").read_text()) for t in args.merge]
-        per_seed = [r for part in parts for r in part["per_seed"]]
-        seeds = [s for part in parts for s in part["seeds"]]
-        write_results(tag, seeds, parts[0]["targets"], per_seed, sum(part["minutes"] for part in parts))
+        merge_results(args.merge, tag, keep="targets")
         return
     t0 = time.time()
     per_seed = [
@@ -288,20 +282,7 @@ def main() -> None:
         )
         for s in args.seeds
     ]
-    write_results(tag, args.seeds, args.targets, per_seed, (time.time() - t0) / 60)
-
-
-def write_results(tag: str, seeds: list[int], targets: list[float], per_seed: list[dict], minutes: float) -> None:
-    """Mean and std over seeds: benchmarks/results/<tag>.json (with every seed's rows) and .md."""
-    names = list(per_seed[0])
-    mean = {n: {k: float(np.mean([r[n][k] for r in per_seed])) for k in per_seed[0][n]} for n in names}
-    std = {n: {k: float(np.std([r[n][k] for r in per_seed])) for k in per_seed[0][n]} for n in names}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    payload = {"seeds": seeds, "targets": targets, "mean": mean, "std": std, "per_seed": per_seed, "minutes": minutes}
-    (RESULTS / f"{tag}.json").write_text(json.dumps(payload, indent=1))
-    table = markdown_table(mean, std if len(seeds) > 1 else None)
-    (RESULTS / f"{tag}.md").write_text(table)
-    print(table)
+    write_results(tag, args.seeds, per_seed, round((time.time() - t0) / 60, 1), targets=args.targets)
 
 
 if __name__ == "__main__":

@@ -98,6 +98,8 @@ def digit_rows(ft: int) -> dict[str, tuple[str | None, list[dict]]]:
         ),
         "default recipe (members tuned 200 steps at lr 1e-3 + calibrate)": ("taylor-units", default_recipe_steps()),
         "default recipe, last block re-initialised": ("taylor-units", default_recipe_steps(reinit_blocks=1)),
+        "default recipe, last 2 blocks re-initialised": ("taylor-units", default_recipe_steps(reinit_blocks=2)),
+        "default recipe, last 3 blocks re-initialised": ("taylor-units", default_recipe_steps(reinit_blocks=3)),
         "default recipe, members tuned 400 steps": ("taylor-units", default_recipe_steps(steps=400)),
         "hydra taylor pruned + bootstrap fine-tune": (
             "taylor",
@@ -145,6 +147,15 @@ ROW_SETS = {
     # a base trained longer (--base-steps 740, near convergence): the Deep Ensemble's members are trained as
     # long, so Hydra's edge can no longer come from an under-trained base
     "converged": ["single taylor-pruned", "default recipe (members tuned 200 steps at lr 1e-3 + calibrate)"],
+    # how much member diversity re-initialising the last blocks buys (run with --de-steps 370 for the
+    # Deep Ensemble trained as long as a Hydra member)
+    "reinit": [
+        "single taylor-pruned",
+        "default recipe (members tuned 200 steps at lr 1e-3 + calibrate)",
+        "default recipe, last block re-initialised",
+        "default recipe, last 2 blocks re-initialised",
+        "default recipe, last 3 blocks re-initialised",
+    ],
     # the text table within the issue's 40 minutes on 2 cores: `average` (2.5x FLOPs, 12 min a
     # seed alone on 2 cores) only with --rows all
     "text": ["single taylor-pruned", "hydra taylor pruned"],
@@ -231,23 +242,33 @@ def run_seed(args: argparse.Namespace, seed: int, rows: dict, out: Path) -> dict
     return result
 
 
-def write_results(tag: str, seeds: list[int], rows: list[str], per_seed: list[dict], minutes: float) -> None:
-    """Mean and std over seeds of every row: benchmarks/results/uq_table_<tag>.json and .md."""
-    names = list(dict.fromkeys(n for r in per_seed for n in r))  # a row may be missing from some seeds
+def write_results(stem: str, seeds: list[int], per_seed: list[dict], minutes: float, **extra: object) -> None:
+    """Mean and std over seeds of every row: benchmarks/results/<stem>.json (with every seed's rows
+    and `extra`) and .md. A row may be missing from some seeds; its mean is over those it has."""
+    names = list(dict.fromkeys(n for r in per_seed for n in r))
     have = {n: [r[n] for r in per_seed if n in r] for n in names}
     mean = {n: {k: float(np.mean([r[k] for r in have[n]])) for k in have[n][0]} for n in names}
     std = {n: {k: float(np.std([r[k] for r in have[n]])) for k in have[n][0]} for n in names}
     seeds_per_row = {n: [s for s, r in zip(seeds, per_seed) if n in r] for n in names}
     RESULTS.mkdir(parents=True, exist_ok=True)
     payload = {
-        "seeds": seeds, "rows": rows, "seeds_per_row": seeds_per_row, "mean": mean, "std": std,
+        "seeds": seeds, **extra, "seeds_per_row": seeds_per_row, "mean": mean, "std": std,
         "per_seed": per_seed, "minutes": minutes,
     }  # fmt: skip
-    (RESULTS / f"uq_table_{tag}.json").write_text(json.dumps(payload, indent=1))
-    table = markdown_table(mean, std)
-    (RESULTS / f"uq_table_{tag}.md").write_text(table)
+    (RESULTS / f"{stem}.json").write_text(json.dumps(payload, indent=1))
+    table = markdown_table(mean, std if len(seeds) > 1 else None)
+    (RESULTS / f"{stem}.md").write_text(table)
     print(f"\nmean ± std over seeds {seeds} ({minutes} min of compute)\n")
     print(table)
+
+
+def merge_results(stems: list[str], into: str, keep: str) -> None:
+    """Join result files of seeds run in separate processes into one (`keep`: a field taken from the first)."""
+    parts = [json.loads((RESULTS / f"{stem}.json").read_text()) for stem in stems]
+    seeds = [s for part in parts for s in part["seeds"]]
+    per_seed = [r for part in parts for r in part["per_seed"]]
+    minutes = round(sum(part["minutes"] for part in parts), 1)
+    write_results(into, seeds, per_seed, minutes, **{keep: parts[0][keep]})
 
 
 def main() -> None:
@@ -279,10 +300,7 @@ def main() -> None:
     p.add_argument("--merge", nargs="+", default=None, metavar="TAG", help="combine result files (seeds) into --tag")
     args = p.parse_args()
     if args.merge:  # seeds run in separate processes, joined into one table
-        parts = [json.loads((RESULTS / f"uq_table_{t}.json").read_text()) for t in args.merge]
-        seeds = [s for part in parts for s in part["seeds"]]
-        per_seed = [r for part in parts for r in part["per_seed"]]
-        write_results(args.tag, seeds, parts[0]["rows"], per_seed, sum(part["minutes"] for part in parts))
+        merge_results([f"uq_table_{t}" for t in args.merge], f"uq_table_{args.tag}", keep="rows")
         return
     every = text_rows(args.finetune_steps) if args.text else digit_rows(args.finetune_steps)
     rows_arg = args.rows or ("text" if args.text else "all")
@@ -293,7 +311,7 @@ def main() -> None:
     split = "" if not args.in_classes else "_in" + "".join(map(str, args.in_classes))
     split += f"_base{args.base_steps}" if args.base_steps else ""
     tag = args.tag or ("text" if args.text else "digits" + split)
-    write_results(tag, args.seeds, wanted, per_seed, round((time.time() - t0) / 60, 1))
+    write_results(f"uq_table_{tag}", args.seeds, per_seed, round((time.time() - t0) / 60, 1), rows=wanted)
 
 
 if __name__ == "__main__":

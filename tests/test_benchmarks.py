@@ -1,8 +1,11 @@
-"""The benchmark scripts' row definitions are valid recipes (a typo fails here, not after an hour)."""
+"""The benchmark scripts: row definitions are valid recipes (a typo fails here, not after an hour), and
+result files of seeds run apart join into the right means."""
 
 import copy
 import importlib.util
+import json
 
+import numpy as np
 import pytest
 
 from compressor.recipe import validate_recipe
@@ -33,3 +36,16 @@ def test_every_named_row_set_names_existing_rows():
     known = set(uq_table.digit_rows(100)) | set(uq_table.text_rows(100))
     for set_name, rows in uq_table.ROW_SETS.items():
         assert set(rows) <= known, (set_name, set(rows) - known)
+
+
+def test_results_of_seeds_run_apart_merge_into_the_mean_over_the_seeds_that_have_each_row(tmp_path, monkeypatch):
+    monkeypatch.setattr(uq_table, "RESULTS", tmp_path)
+    uq_table.write_results("a", [0], [{"base": {"acc": 0.5}, "extra": {"acc": 0.1}}], 1.0, rows=["extra"])
+    uq_table.write_results("b", [1, 2], [{"base": {"acc": 0.7}}, {"base": {"acc": 0.9}}], 2.5, rows=["extra"])
+    uq_table.merge_results(["a", "b"], "joined", keep="rows")
+    joined = json.loads((tmp_path / "joined.json").read_text())
+    assert joined["seeds"] == [0, 1, 2] and joined["minutes"] == 3.5 and joined["rows"] == ["extra"]
+    assert joined["mean"]["base"]["acc"] == pytest.approx(0.7)
+    assert joined["std"]["base"]["acc"] == pytest.approx(np.std([0.5, 0.7, 0.9]))
+    assert joined["mean"]["extra"]["acc"] == pytest.approx(0.1) and joined["seeds_per_row"]["extra"] == [0]
+    assert (tmp_path / "joined.md").exists()
