@@ -11,7 +11,7 @@ from torch.utils.data import TensorDataset
 
 from compressor.context import RunContext
 from compressor.data import DataBundle, digits_bundle
-from compressor.errors import InputError
+from compressor.errors import CompressorError, InputError
 from compressor.evaluate import flops_per_sample
 from compressor.families import family_of
 from compressor.masks import HeadMask, load_masks, save_masks
@@ -232,3 +232,50 @@ def test_reinit_blocks_gives_each_member_fresh_last_blocks_and_keeps_the_rest(di
         assert not torch.allclose(member.head.weight, trained_vit.head.weight, atol=1e-3)
     assert not torch.allclose(a.blocks[1].attn.qkv.weight, b.blocks[1].attn.qkv.weight, atol=1e-3)
     assert not torch.allclose(a.head.weight, b.head.weight, atol=1e-3)
+
+
+def test_reinit_blocks_all_redraws_every_block_and_keeps_the_embeddings(digits_small, trained_vit):
+    """`reinit_blocks: all` redraws every transformer block of each member, whatever the depth (the
+    default recipe's setting); the base's patch and position embeddings stay."""
+    _, train_set, val = digits_small
+    raw = {
+        "name": "reinit_all",
+        "model": {"name": "vit_tiny_patch16_224"},
+        "steps": [
+            {"prune": {"pruner": "random", "members": 2}},
+            {"finetune": {"target": "members", "steps": 1, "lr": 1e-9, "reinit_blocks": "all"}},
+        ],
+    }
+    recipe = validate_recipe(raw)
+    ctx = RunContext(
+        recipe=recipe,
+        out=Path("."),
+        data=DataBundle(train=train_set, val=val, test=val),
+        base=trained_vit,
+        masks=[HeadMask.from_kept([[0, 1], [2, 3]], [4, 4]), HeadMask.from_kept([[2, 3], [0, 1]], [4, 4])],
+    )
+    resolve("step", "finetune").run(ctx, recipe.steps[1][1])
+    for member in ctx.members:
+        for b in range(len(trained_vit.blocks)):
+            assert not torch.allclose(member.blocks[b].mlp.fc1.weight, trained_vit.blocks[b].mlp.fc1.weight, atol=1e-3)
+        assert torch.allclose(member.patch_embed.proj.weight, trained_vit.patch_embed.proj.weight, atol=1e-6)
+        assert torch.allclose(member.pos_embed, trained_vit.pos_embed, atol=1e-6)
+    a, b = ctx.members
+    assert not torch.allclose(a.blocks[0].attn.qkv.weight, b.blocks[0].attn.qkv.weight, atol=1e-3)
+
+
+def test_reinit_blocks_takes_a_count_or_all_and_nothing_else():
+    def recipe(value):
+        return {
+            "name": "r",
+            "model": {"name": "vit_tiny_patch16_224"},
+            "steps": [
+                {"prune": {"pruner": "random", "members": 2}},
+                {"finetune": {"target": "members", "reinit_blocks": value}},
+            ],
+        }
+
+    assert validate_recipe(recipe("all")).steps[1][1]["reinit_blocks"] == "all"
+    for bad in ("every", -1):
+        with pytest.raises(CompressorError, match="an integer >= 0 or 'all'"):
+            validate_recipe(recipe(bad))

@@ -31,11 +31,11 @@ SCHEMA = {
     ),
     "reinit_head": Field((bool,), False, doc="target members: each member's classifier re-initialised (its seed)"),
     "reinit_blocks": Field(
-        (int,),
+        (int, str),
         0,
-        check=lambda v: None if v >= 0 else "an integer >= 0",
-        doc="target members: each member's last N transformer blocks re-initialised (its seed), "
-        "so members differ in more than their heads, as Deep Ensemble members do",
+        check=lambda v: None if v == "all" or (isinstance(v, int) and v >= 0) else "an integer >= 0 or 'all'",
+        doc="target members: each member's last N transformer blocks ('all': every block) re-initialised "
+        "(its seed), so members differ in more than their heads, as Deep Ensemble members do",
     ),
     "distill": Field(
         (dict, type(None)),
@@ -85,8 +85,13 @@ def _check(cfg: dict, earlier: StepList, later: StepList) -> str | None:
 
 def _preflight(cfg: dict, family: Family) -> None:
     """reinit_blocks fits the model's depth."""
-    if cfg["reinit_blocks"] > family.num_blocks:
+    if cfg["reinit_blocks"] != "all" and cfg["reinit_blocks"] > family.num_blocks:
         raise InputError(f"reinit_blocks: {cfg['reinit_blocks']} is more than the model's {family.num_blocks} blocks")
+
+
+def reinit_count(reinit_blocks: int | str, family: Family) -> int:
+    """How many of the last blocks `reinit_blocks` redraws (0: none, 'all': every block)."""
+    return family.num_blocks if reinit_blocks == "all" else reinit_blocks
 
 
 def reinitialise(modules: list[nn.Module], seed: int) -> None:
@@ -131,7 +136,7 @@ def finetune(ctx: RunContext, cfg: dict) -> None:
     for i, member in enumerate(members):
         tc_i = TrainConfig(**{**tc.__dict__, "seed": tc.seed + i, "ensemble_member": len(members) > 1})
         family = family_of(member)
-        fresh = list(family.blocks()[family.num_blocks - cfg["reinit_blocks"] :])  # empty for 0
+        fresh = list(family.blocks()[family.num_blocks - reinit_count(cfg["reinit_blocks"], family) :])
         if cfg["reinit_head"]:
             fresh.append(family.classifier())
         if fresh:
