@@ -206,26 +206,31 @@ def test_flops_are_counted_and_hydra_pruned_costs_about_one_model():
     assert 2.0 < flops_per_sample(grouped, x) / flops_per_sample(vit, x) < 2.6
 
 
-def test_reinit_blocks_gives_each_member_fresh_last_blocks_and_keeps_the_rest(digits_small, trained_vit):
-    """`finetune: {target: members, reinit_blocks: 1, reinit_head: true}`: each member's last block
-    and classifier are redrawn from its own seed (different from the base and from each other);
-    earlier blocks start from the base's weights."""
+def _members_after_reinit(digits_small, base, **finetune) -> list[torch.nn.Module]:
+    """Two head-masked members of `base` after a members fine-tune of one negligible step."""
     _, train_set, val = digits_small
     raw = {
         "name": "reinit",
         "model": {"name": "vit_tiny_patch16_224"},
         "steps": [
             {"prune": {"pruner": "random", "members": 2}},
-            {"finetune": {"target": "members", "steps": 1, "lr": 1e-9, "reinit_blocks": 1, "reinit_head": True}},
+            {"finetune": {"target": "members", "steps": 1, "lr": 1e-9, **finetune}},
         ],
     }
     recipe = validate_recipe(raw)
-    bundle = DataBundle(train=train_set, val=val, test=val)
     masks = [HeadMask.from_kept([[0, 1], [2, 3]], [4, 4]), HeadMask.from_kept([[2, 3], [0, 1]], [4, 4])]
-    ctx = RunContext(recipe=recipe, out=Path("."), data=bundle, base=trained_vit, masks=masks)
+    bundle = DataBundle(train=train_set, val=val, test=val)
+    ctx = RunContext(recipe=recipe, out=Path("."), data=bundle, base=base, masks=masks)
     resolve("step", "finetune").run(ctx, recipe.steps[1][1])
-    first, last = (trained_vit.blocks[b].mlp.fc1.weight for b in (0, 1))
-    a, b = ctx.members
+    return ctx.members
+
+
+def test_reinit_blocks_gives_each_member_fresh_last_blocks_and_keeps_the_rest(digits_small, trained_vit):
+    """`finetune: {target: members, reinit_blocks: 1, reinit_head: true}`: each member's last block
+    and classifier are redrawn from its own seed (different from the base and from each other);
+    earlier blocks start from the base's weights."""
+    a, b = _members_after_reinit(digits_small, trained_vit, reinit_blocks=1, reinit_head=True)
+    first, last = (trained_vit.blocks[i].mlp.fc1.weight for i in (0, 1))
     for member in (a, b):
         assert torch.allclose(member.blocks[0].mlp.fc1.weight, first, atol=1e-6)
         assert not torch.allclose(member.blocks[1].mlp.fc1.weight, last, atol=1e-3)
@@ -237,30 +242,12 @@ def test_reinit_blocks_gives_each_member_fresh_last_blocks_and_keeps_the_rest(di
 def test_reinit_blocks_all_redraws_every_block_and_keeps_the_embeddings(digits_small, trained_vit):
     """`reinit_blocks: all` redraws every transformer block of each member, whatever the depth (the
     default recipe's setting); the base's patch and position embeddings stay."""
-    _, train_set, val = digits_small
-    raw = {
-        "name": "reinit_all",
-        "model": {"name": "vit_tiny_patch16_224"},
-        "steps": [
-            {"prune": {"pruner": "random", "members": 2}},
-            {"finetune": {"target": "members", "steps": 1, "lr": 1e-9, "reinit_blocks": "all"}},
-        ],
-    }
-    recipe = validate_recipe(raw)
-    ctx = RunContext(
-        recipe=recipe,
-        out=Path("."),
-        data=DataBundle(train=train_set, val=val, test=val),
-        base=trained_vit,
-        masks=[HeadMask.from_kept([[0, 1], [2, 3]], [4, 4]), HeadMask.from_kept([[2, 3], [0, 1]], [4, 4])],
-    )
-    resolve("step", "finetune").run(ctx, recipe.steps[1][1])
-    for member in ctx.members:
-        for b in range(len(trained_vit.blocks)):
-            assert not torch.allclose(member.blocks[b].mlp.fc1.weight, trained_vit.blocks[b].mlp.fc1.weight, atol=1e-3)
+    a, b = _members_after_reinit(digits_small, trained_vit, reinit_blocks="all")
+    for member in (a, b):
+        for i, block in enumerate(trained_vit.blocks):
+            assert not torch.allclose(member.blocks[i].mlp.fc1.weight, block.mlp.fc1.weight, atol=1e-3)
         assert torch.allclose(member.patch_embed.proj.weight, trained_vit.patch_embed.proj.weight, atol=1e-6)
         assert torch.allclose(member.pos_embed, trained_vit.pos_embed, atol=1e-6)
-    a, b = ctx.members
     assert not torch.allclose(a.blocks[0].attn.qkv.weight, b.blocks[0].attn.qkv.weight, atol=1e-3)
 
 
