@@ -85,7 +85,7 @@ def _check(cfg: dict, earlier: StepList, later: StepList) -> str | None:
 
 def _preflight(cfg: dict, family: Family) -> None:
     """reinit_blocks fits the model's depth."""
-    if cfg["reinit_blocks"] != "all" and cfg["reinit_blocks"] > family.num_blocks:
+    if reinit_count(cfg["reinit_blocks"], family) > family.num_blocks:
         raise InputError(f"reinit_blocks: {cfg['reinit_blocks']} is more than the model's {family.num_blocks} blocks")
 
 
