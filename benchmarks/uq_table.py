@@ -45,15 +45,21 @@ def _hydra(mlp: str, **kw) -> dict:
     return {"merge": {"merger": "hydra", "mlp": mlp, **kw}}
 
 
+def recipe_steps() -> list[dict]:
+    """recipes/vit_hydra.yaml's steps up to its evaluate, unchanged."""
+    steps = yaml.safe_load((ROOT / "recipes" / "vit_hydra.yaml").read_text())["steps"]
+    return [s for s in steps if next(iter(s)) not in ("evaluate", "export")]
+
+
 def default_recipe_steps(**finetune: object) -> list[dict]:
     """recipes/vit_hydra.yaml's steps up to its evaluate, its member fine-tune set to the from-base
     Hydra the rows named "default recipe" measured (200 steps, no block re-initialised), with
     `finetune` keys changed for the variants measured beside it."""
-    steps = yaml.safe_load((ROOT / "recipes" / "vit_hydra.yaml").read_text())["steps"]
+    steps = recipe_steps()
     for step in steps:
         if "finetune" in step:
             step["finetune"].update({"steps": 200, "reinit_blocks": 0, **finetune})
-    return [s for s in steps if next(iter(s)) not in ("evaluate", "export")]
+    return steps
 
 
 def digit_rows(ft: int) -> dict[str, tuple[str | None, list[dict]]]:
@@ -109,6 +115,10 @@ def digit_rows(ft: int) -> dict[str, tuple[str | None, list[dict]]]:
             "taylor-units",
             default_recipe_steps(reinit_blocks="all", steps=370),
         ),
+        # the recipe as it ships (packed: every block redrawn, 370 member steps), and its from-base
+        # variant (the paper's pipeline); evaluated with and without their calibrate step
+        "default recipe (packed)": ("taylor-units", recipe_steps()),
+        "default recipe, from the base (paper's pipeline)": ("taylor-units", default_recipe_steps()),
         "hydra taylor pruned + bootstrap fine-tune": (
             "taylor",
             [taylor, _hydra("pruned"), {"finetune": {**tune["finetune"], "bootstrap": True}}],
@@ -165,6 +175,8 @@ ROW_SETS = {
         "default recipe, last 3 blocks re-initialised",
         "default recipe, every block re-initialised, members tuned 370 steps",
     ],
+    # the calibrate step against the same models without it (issue 26), on the recipe as it ships
+    "calibrate": ["default recipe (packed)", "default recipe, from the base (paper's pipeline)"],
     # the text table within the issue's 40 minutes on 2 cores: `average` (2.5x FLOPs, 12 min a
     # seed alone on 2 cores) only with --rows all
     "text": ["single taylor-pruned", "hydra taylor pruned"],
@@ -207,6 +219,8 @@ def run_row(
     raw["steps"] = steps + [{"evaluate": {"baselines": baselines, "plots": False}}]
     recipe = validate_recipe(raw, where=f"uq_table:{name}")
     ctx = Runner(recipe, out, quiet=True, overwrite=True).run()
+    if "calibrate" in ctx.log:  # what the calibrate step fitted and decided, beside the metrics
+        (out / "calibrate.json").write_text(json.dumps(ctx.log["calibrate"], indent=1))
     return ctx.metrics["summary"]
 
 
@@ -220,7 +234,7 @@ def run_seed(args: argparse.Namespace, seed: int, rows: dict, out: Path) -> dict
         raw["model"]["train_base"]["steps"] = args.base_steps
     result: dict[str, dict] = {}
     t0 = time.time()
-    baselines = ["base", "deep_ensemble"] + ([] if args.text else ["mc_dropout"])
+    baselines = args.baselines or ["base", "deep_ensemble"] + ([] if args.text else ["mc_dropout"])
     for model_name, row in run_row(
         raw, "baselines", [], out / f"seed{seed}" / "baselines", baselines, args.resume
     ).items():
@@ -243,10 +257,17 @@ def run_seed(args: argparse.Namespace, seed: int, rows: dict, out: Path) -> dict
             kept = {k: prune[k] for k in ("members", "mlp_keep_ratio") if k in prune}
             steps[0] = {"prune": {"pruner": "file", "path": str(masks[key]), **kept}}
         t = time.time()
-        summary = run_row(raw, name, steps, folder, ["base"], args.resume)
+        calibrated = any("calibrate" in step for step in steps)
+        summary = run_row(raw, name, steps, folder, ["base"] + ["uncalibrated"] * calibrated, args.resume)
         if key is not None and key not in masks:
             masks[key] = folder / "masks.json"
-        result[name] = next(r for m, r in summary.items() if m != "base")
+        result[name] = next(r for m, r in summary.items() if m not in ("base", "uncalibrated"))
+        if calibrated:  # the same model without its calibrate step, evaluated in the same run
+            result[f"{name}, without calibrate"] = summary["uncalibrated"]
+        if (folder / "calibrate.json").exists():
+            fitted = json.loads((folder / "calibrate.json").read_text())
+            result[name]["temperature"] = fitted["temperature"][0]
+            result[name]["temperature_fitted"] = fitted.get("fitted", [1.0])[0]
         print(f"seed {seed}: {name} done ({time.time() - t:.0f}s)", flush=True)
     return result
 
@@ -300,6 +321,12 @@ def main() -> None:
         type=int,
         default=None,
         help="train the base this many steps instead of the recipe's (740: the README's longer-trained base)",
+    )
+    p.add_argument(
+        "--baselines",
+        nargs="+",
+        default=None,
+        help="baselines evaluated once per seed (default: base deep_ensemble mc_dropout; text: no mc_dropout)",
     )
     p.add_argument("--in-classes", nargs="+", type=int, default=None, help="digits: in-distribution classes")
     p.add_argument("--text", action="store_true", help="MiniLM on the bundled Rotten Tomatoes sample")

@@ -1,14 +1,16 @@
 """Baselines the evaluate step puts beside the result: the base model, the members run
-separately, a Deep Ensemble of independently trained bases, and MC dropout."""
+separately, the result before its calibrate step, a Deep Ensemble of independently trained
+bases, and MC dropout."""
 
 from __future__ import annotations
 
 from torch import nn
 
+from compressor.calibration import Calibrated
 from compressor.context import RunContext
 from compressor.outputs import DeepEnsemble, MCDropout
 
-BASELINES = ("base", "members", "deep_ensemble", "mc_dropout")
+BASELINES = ("base", "members", "uncalibrated", "deep_ensemble", "mc_dropout")
 
 
 def result_model(ctx: RunContext) -> tuple[str, nn.Module] | None:
@@ -36,6 +38,8 @@ def baseline_models(ctx: RunContext, names: list[str], size: int | None) -> dict
             out["base"] = ctx.base
         elif name == "members" and ctx.masks:
             out["members (separate)"] = DeepEnsemble(ctx.members or [masked_member(ctx.base, k) for k in ctx.masks])
+        elif name == "uncalibrated" and isinstance(ctx.merged, Calibrated):
+            out["uncalibrated"] = ctx.merged.model
         elif name == "deep_ensemble":
             r = ctx.recipe
             models = [ctx.base] + [

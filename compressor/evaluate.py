@@ -73,23 +73,29 @@ def median_latency(model: nn.Module, x: torch.Tensor, repeats: int = 7) -> float
 
 
 def evaluate_model(model: nn.Module, data: DataBundle, batch_size: int = 256, keep: dict | None = None) -> dict:
-    """Test, OOD and shift metrics of one model (ensemble metrics from its member probabilities).
+    """Test, OOD and shift metrics of one model (ensemble metrics from its own ensemble prediction,
+    which is calibrated where the model is; diversity from its member probabilities).
 
-    `keep`, when given, receives the member probabilities behind them (for plots): keep["test"] =
+    `keep`, when given, receives the ensemble probabilities behind them (for plots): keep["test"] =
     (probs, labels), keep["ood"][name] = probs.
     """
-    probs, labels = predict(model, data.test, batch_size)
-    out: dict = {"test": classification_report(probs, labels), "ood": {}, "shift": {}, "ood_kind": data.ood_kinds}
+    test = predict(model, data.test, batch_size)
+    out: dict = {
+        "test": classification_report(test.member_probs, test.labels, test.probs),
+        "ood": {},
+        "shift": {},
+        "ood_kind": data.ood_kinds,
+    }
     if keep is not None:
-        keep["test"], keep["ood"] = (probs, labels), {}
+        keep["test"], keep["ood"] = (test.probs, test.labels), {}
     for name, ds in data.ood.items():
-        p_out, _ = predict(model, ds, batch_size)
-        out["ood"][name] = ood_report(probs, p_out)
+        outside = predict(model, ds, batch_size)
+        out["ood"][name] = ood_report(test.member_probs, outside.member_probs, test.probs, outside.probs)
         if keep is not None:
-            keep["ood"][name] = p_out
+            keep["ood"][name] = outside.probs
     for name, ds in data.shift.items():
-        p, y = predict(model, ds, batch_size)
-        out["shift"][name] = classification_report(p, y)
+        shifted = predict(model, ds, batch_size)
+        out["shift"][name] = classification_report(shifted.member_probs, shifted.labels, shifted.probs)
     return out
 
 

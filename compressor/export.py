@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from compressor.calibration import OOD_SCORES, Calibrated
+from compressor.calibration import OOD_SCORES, TEMPERATURE_SCOPES, Calibrated
 from compressor.errors import ExportError, PluginError, WeightsError
 from compressor.io import atomic_dir, json_text
 from compressor.masks import HeadMask, save_masks
@@ -161,6 +161,12 @@ def _check_config(cfg: dict, cfg_path: Path) -> None:
         t = cal.get("temperature")
         if not (isinstance(t, list) and t and all(isinstance(v, (int, float)) and 0 < v < 1e6 for v in t)):
             raise ExportError(f"{cfg_path}: calibration.temperature: expected a list of positive numbers, got {t!r}")
+        scope = cal.get("temperature_scope", "member")
+        if scope not in TEMPERATURE_SCOPES or (scope == "ensemble" and len(t) != 1):
+            raise ExportError(
+                f"{cfg_path}: calibration.temperature_scope: expected 'member', or 'ensemble' with one temperature, "
+                f"got {scope!r} with {len(t)}"
+            )
         ood = cal.get("ood") or {}
         if ood and not (ood.get("score") in OOD_SCORES and isinstance(ood.get("threshold"), (int, float))):
             raise ExportError(
@@ -223,7 +229,9 @@ def load_export(path: str | Path, map_location: str = "cpu") -> nn.Module:
         raise ExportError(f"{path / 'model.safetensors'}: {e}") from e
     calibration = cfg.get("calibration")
     if calibration:
-        model = Calibrated(model, torch.tensor(calibration["temperature"]), calibration.get("ood"))
+        # exports written before the scope was recorded applied their temperatures per member
+        scope = calibration.get("temperature_scope", "member")
+        model = Calibrated(model, torch.tensor(calibration["temperature"]), calibration.get("ood"), scope)
     model.class_names = cfg.get("class_names") or []
     model.preprocessing = _attach_preprocessing(model, cfg.get("preprocessing"), path)
     return model.to(map_location).eval()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -12,7 +13,7 @@ from torch.utils.data import Dataset
 from compressor.data import loader
 from compressor.device import model_device
 from compressor.distributed import gather_sampled
-from compressor.outputs import logits_reader
+from compressor.outputs import ensemble_probs, logits_reader
 
 
 @contextmanager
@@ -26,7 +27,40 @@ def evaluating(model: nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
+class Predictions(NamedTuple):
+    """A model's outputs over a dataset: member probabilities [M, N, C], the model's own ensemble
+    prediction [N, C] (calibrated where the model is), and the labels when the dataset has them."""
+
+    member_probs: torch.Tensor
+    probs: torch.Tensor
+    labels: torch.Tensor | None
+
+
 @torch.no_grad()
+def _outputs(
+    model: nn.Module, dataset: Dataset, batch_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Member logits [M, N, C], ensemble probabilities [N, C] and labels, in dataset order."""
+    read = logits_reader(model)
+    device = model_device(model)
+    logits, probs, labels = [], [], []
+    with evaluating(model):
+        for batch in loader(dataset, batch_size):
+            out = model(batch[0].to(device))
+            member_logits = read(out).float()
+            logits.append(member_logits)
+            probs.append(ensemble_probs(out, member_logits).float())
+            if len(batch) > 1:
+                labels.append(batch[1].to(device))
+    n = len(dataset)
+    all_labels = gather_sampled(torch.cat(labels), n).cpu() if labels else None
+    return (
+        gather_sampled(torch.cat(logits, dim=1), n, dim=1).cpu(),
+        gather_sampled(torch.cat(probs), n).cpu(),
+        all_labels,
+    )
+
+
 def predict_logits(
     model: nn.Module, dataset: Dataset, batch_size: int = 256
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -35,20 +69,11 @@ def predict_logits(
     Under torch.distributed each rank predicts its DistributedSampler shard; the shards are
     gathered back into dataset order on every rank (the sampler's padding dropped).
     """
-    read = logits_reader(model)
-    device = model_device(model)
-    logits, labels = [], []
-    with evaluating(model):
-        for batch in loader(dataset, batch_size):
-            logits.append(read(model(batch[0].to(device))).float())
-            if len(batch) > 1:
-                labels.append(batch[1].to(device))
-    n = len(dataset)
-    all_labels = gather_sampled(torch.cat(labels), n).cpu() if labels else None
-    return gather_sampled(torch.cat(logits, dim=1), n, dim=1).cpu(), all_labels
+    logits, _, labels = _outputs(model, dataset, batch_size)
+    return logits, labels
 
 
-def predict(model: nn.Module, dataset: Dataset, batch_size: int = 256) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Member probabilities [M, N, C] over `dataset` (and its labels when it has them)."""
-    logits, labels = predict_logits(model, dataset, batch_size)
-    return logits.softmax(-1), labels
+def predict(model: nn.Module, dataset: Dataset, batch_size: int = 256) -> Predictions:
+    """Member probabilities, the model's ensemble prediction and the labels over `dataset`."""
+    logits, probs, labels = _outputs(model, dataset, batch_size)
+    return Predictions(logits.softmax(-1), probs, labels)

@@ -231,11 +231,11 @@ def pairwise_kl(member_probs) -> float:
 OOD_SCORES = {"msp": max_prob_score, "entropy": entropy_score}
 
 
-def classification_report(member_probs, labels) -> dict[str, float]:
-    """Accuracy, NLL, Brier, ECE, adaptive ECE, AURC and AUGRC of the ensemble mean, plus member
-    accuracy and diversity."""
+def classification_report(member_probs, labels, probs=None) -> dict[str, float]:
+    """Accuracy, NLL, Brier, ECE, adaptive ECE, AURC and AUGRC of the ensemble prediction `probs`
+    (default: the members' mean), plus member accuracy and diversity."""
     mp = _np(member_probs)
-    p = mp.mean(0)
+    p = mp.mean(0) if probs is None else _np(probs)
     out = {
         "accuracy": accuracy(p, labels),
         "nll": nll(p, labels),
@@ -252,10 +252,13 @@ def classification_report(member_probs, labels) -> dict[str, float]:
     return out
 
 
-def ood_report(member_probs_in, member_probs_out) -> dict[str, float]:
-    """AUROC, AUPR and FPR95 for every applicable score (MSP, entropy, and MI for ensembles)."""
+def ood_report(member_probs_in, member_probs_out, probs_in=None, probs_out=None) -> dict[str, float]:
+    """AUROC, AUPR and FPR95 for every applicable score (MSP and entropy of the ensemble prediction,
+    by default the members' mean; MI of the members for ensembles)."""
     mi, mo = _np(member_probs_in), _np(member_probs_out)
-    scores = {name: (f(mi.mean(0)), f(mo.mean(0))) for name, f in OOD_SCORES.items()}
+    p_in = mi.mean(0) if probs_in is None else _np(probs_in)
+    p_out = mo.mean(0) if probs_out is None else _np(probs_out)
+    scores = {name: (f(p_in), f(p_out)) for name, f in OOD_SCORES.items()}
     if len(mi) > 1:
         scores["mi"] = (mutual_information_score(mi), mutual_information_score(mo))
     out = {}

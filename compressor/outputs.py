@@ -24,6 +24,14 @@ class EnsembleOutput(NamedTuple):
         return cls(member_logits, member_logits.softmax(-1).mean(0))
 
 
+def ensemble_probs(output: Any, member_logits: torch.Tensor) -> torch.Tensor:
+    """The ensemble prediction [B, C] of a model's `output`: its own `probs` when it returns an
+    EnsembleOutput (a calibrated model's), else the mean of the members' softmax."""
+    if isinstance(output, EnsembleOutput):
+        return output.probs
+    return member_logits.softmax(-1).mean(0)
+
+
 def logits_reader(model: nn.Module) -> Callable[[Any], torch.Tensor]:
     """A function from `model`'s output to member logits [M, B, C] (found once per model)."""
     family = None

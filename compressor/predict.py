@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from compressor.calibration import Calibrated, ood_scores
 from compressor.errors import InputError
 from compressor.io import json_text
-from compressor.outputs import logits_reader
+from compressor.outputs import ensemble_probs, logits_reader
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
 
@@ -94,16 +94,20 @@ def _batches(model: nn.Module, inputs: Path, batch_size: int) -> Iterator[tuple[
         yield [str(p) for p in chunk], torch.stack(images)
 
 
-def _rows(names: Sequence[str], logits: torch.Tensor, classes: Sequence[str], ood: dict, top_k: int) -> list[dict]:
-    probs = logits.float().softmax(-1)  # [M, B, C]
-    mean = probs.mean(0)
+def _rows(
+    names: Sequence[str], logits: torch.Tensor, mean: torch.Tensor, classes: Sequence[str], ood: dict, top_k: int
+) -> list[dict]:
+    """One row per input from member logits [M, B] and the ensemble prediction `mean` [B, C]
+    (scores in float64, as the calibrate step computed the threshold)."""
+    probs = logits.double().softmax(-1)  # [M, B, C]
+    mean = mean.double()
     conf, pred = mean.max(-1)
     top = mean.topk(min(top_k, mean.shape[-1]), dim=-1)
-    entropy = ood_scores(probs, "entropy")
+    entropy = ood_scores(probs, "entropy", mean)
     ensemble = probs.shape[0] > 1
     mi = ood_scores(probs, "mi") if ensemble else None
     member_pred = probs.argmax(-1)  # [M, B]
-    score = ood_scores(probs, ood["score"]) if ood else None
+    score = ood_scores(probs, ood["score"], mean) if ood else None
     name = lambda c: classes[c] if c < len(classes) else str(c)  # noqa: E731
     rows = []
     for i, n in enumerate(names):
@@ -149,7 +153,9 @@ def predict_inputs(
     classes = list(getattr(model, "class_names", []) or [])
     rows: list[dict] = []
     for names, x in tqdm(list(_batches(model, inputs, batch_size)), desc="predict", disable=not progress):
-        rows += _rows(names, read(model(x.to(device))), classes, ood, top_k)
+        out = model(x.to(device))
+        logits = read(out)
+        rows += _rows(names, logits, ensemble_probs(out, logits), classes, ood, top_k)
     return rows
 
 

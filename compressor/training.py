@@ -75,15 +75,14 @@ def heldout_metrics(model: nn.Module, ds: Dataset, batch_size: int = 256) -> dic
     """Accuracy, NLL and ECE of the averaged member probabilities over `ds` (the same on every rank)."""
     from compressor.metrics import accuracy, ece, nll
 
-    probs, y = predict(model, ds, batch_size)
-    p = probs.mean(0)
+    _, p, y = predict(model, ds, batch_size)
     return {"accuracy": accuracy(p, y), "nll": nll(p, y), "ece": ece(p, y)}
 
 
 def heldout_nll(model: nn.Module, ds: Dataset, batch_size: int = 256) -> float:
     """NLL of the averaged member probabilities over `ds` (every rank gets the same number)."""
-    probs, y = predict(model, ds, batch_size)
-    p = probs.mean(0)[torch.arange(len(y)), y]
+    _, probs, y = predict(model, ds, batch_size)
+    p = probs[torch.arange(len(y)), y]
     return float(-torch.log(p.double().clamp_min(1e-12)).mean())
 
 

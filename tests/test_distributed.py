@@ -47,7 +47,7 @@ def compute_everything() -> dict:
     boot_masks = TaylorPruner(members=3, keep_ratio=0.5, seed=3, diversity="bootstrap").prune(adapter, calib)
     data = digits_bundle()
     metrics = evaluate_model(vit, data, batch_size=101)
-    probs, labels = predict(vit, Subset(data.test, range(37)), batch_size=8)  # gathered in dataset order
+    probs, _, labels = predict(vit, Subset(data.test, range(37)), batch_size=8)  # gathered in dataset order
     tuned = copy.deepcopy(vit)
     history = train(
         tuned,

@@ -44,7 +44,7 @@ RECIPE = {
         {"prune": {"pruner": "random", "members": 2}},
         {"merge": {"merger": "hydra", "mlp": "pruned"}},
         {"calibrate": {}},
-        {"evaluate": {"plots": False}},
+        {"evaluate": {"plots": False, "baselines": ["base", "uncalibrated"]}},
         {"export": {}},
     ],
 }  # fmt: skip
@@ -62,7 +62,14 @@ def test_image_folder_follows_the_model_and_predicts(tmp_path, monkeypatch, caps
     assert main(["apply", "--quiet", str(path)]) == 0, capsys.readouterr().err
     config = json.loads((tmp_path / "runs" / "folder" / "export" / "config.json").read_text())
     assert config["preprocessing"]["input_size"] == [3, 32, 32], "the model's size, not timm's 224 default"
-    assert config["calibration"]["ood"]["score"] == "msp"
+    assert config["calibration"]["temperature_scope"] == "ensemble"
+    summary = json.loads((tmp_path / "runs" / "folder" / "metrics.json").read_text())["summary"]
+    # one temperature on the ensemble's log-probabilities never changes a prediction
+    assert summary["hydra"]["accuracy"] == summary["uncalibrated"]["accuracy"]
+    # a 4-step model may score every validation outlier as in-distribution: its threshold is then
+    # refused (no OOD flag) and the report says why
+    report = (tmp_path / "runs" / "folder" / "report.md").read_text()
+    assert config["calibration"]["ood"].get("score") == "msp" or "refused, no OOD threshold stored" in report
     out = tmp_path / "p.jsonl"
     assert main(["predict", str(tmp_path / "runs" / "folder" / "export"), str(root / "val"), "--out", str(out)]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]

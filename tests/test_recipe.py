@@ -65,7 +65,7 @@ def test_defaults_are_filled(tmp_path):
         ),
         (
             lambda d: d["steps"].append({"evaluate": {"baselines": ["base", "ensemble"]}}),
-            r"steps\[1\].evaluate.baselines: expected a list of base, members, deep_ensemble, mc_dropout "
+            r"steps\[1\].evaluate.baselines: expected a list of base, members, uncalibrated, deep_ensemble, mc_dropout "
             r"\(unknown: ensemble\)",
         ),
         (lambda d: d.update(steps=[]), r"r.yaml: steps: expected at least one step"),

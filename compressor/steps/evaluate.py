@@ -43,7 +43,7 @@ def write_plots(ctx: RunContext, arrays: dict[str, dict]) -> list[str]:
     """Every evaluate plot from the probabilities the evaluation already computed; their paths."""
     plots = ctx.out / "plots"
     written = []
-    tests = {name: (a["test"][0].mean(0), a["test"][1]) for name, a in arrays.items()}
+    tests = {name: a["test"] for name, a in arrays.items()}
     for name, (probs, labels) in tests.items():
         reliability_diagram(probs, labels, name, plots / f"reliability_{_safe(name)}.png")
         written.append(f"plots/reliability_{_safe(name)}.png")
@@ -51,7 +51,7 @@ def write_plots(ctx: RunContext, arrays: dict[str, dict]) -> list[str]:
     risk_coverage_plot(tests, plots / "risk_coverage.png")
     written += ["plots/reliability_all.png", "plots/risk_coverage.png"]
     for set_name in ctx.data.ood:
-        pairs = {name: (a["test"][0].mean(0), a["ood"][set_name].mean(0)) for name, a in arrays.items()}
+        pairs = {name: (a["test"][0], a["ood"][set_name]) for name, a in arrays.items()}
         ood_plot(set_name, pairs, plots / f"ood_{_safe(set_name)}.png")
         written.append(f"plots/ood_{_safe(set_name)}.png")
     if ctx.masks and ctx.scores:
