@@ -29,10 +29,10 @@ import timm
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from compressor.device import check_precision, precision_context, resolve_device, synchronize
+from compressor.core.device import check_precision, precision_context, resolve_device, synchronize
+from compressor.core.masks import HeadMask
 from compressor.families import family_of
-from compressor.masks import HeadMask
-from compressor.outputs import DeepEnsemble
+from compressor.uq.outputs import DeepEnsemble
 from mergers.hydra import build_hydra
 from mergers.hydra.layers import run_in_chunks
 from mergers.hydra.model import INFERENCE_CHUNK_BYTES

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from compressor import metrics as M
+from compressor.uq import metrics as M
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 

@@ -34,10 +34,11 @@ import torch.nn.functional as F
 import yaml
 
 from compressor.data import batches
-from compressor.evaluate import evaluate_models, flops_per_sample
-from compressor.recipe import validate_recipe
-from compressor.runner import Runner
-from compressor.training import TrainConfig, train
+from compressor.run.recipe import validate_recipe
+from compressor.run.runner import Runner
+from compressor.training.config import TrainConfig
+from compressor.training.loop import train
+from compressor.uq.evaluate import evaluate_models, flops_per_sample
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))

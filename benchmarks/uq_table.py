@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from compressor.evaluate import markdown_table
-from compressor.recipe import validate_recipe
-from compressor.runner import Runner
+from compressor.run.recipe import validate_recipe
+from compressor.run.runner import Runner
+from compressor.uq.evaluate import markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"

@@ -1,5 +1,5 @@
 import sys
 
-from compressor.cli import main
+from compressor.run.cli import main
 
 sys.exit(main())

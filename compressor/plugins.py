@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from compressor.errors import MaskError, OptionError
-from compressor.masks import HeadMask
+from compressor.core.errors import MaskError, OptionError
+from compressor.core.masks import HeadMask
 
 if TYPE_CHECKING:
     from compressor.families.base import Family
@@ -102,6 +102,19 @@ class Pruner:
         """Return `members` head masks for the model behind `family`."""
         raise NotImplementedError
 
+    def member_scores(
+        self, family: Family, calibration: Sequence[Batch], heldout: Sequence[Batch] | None, member: int
+    ) -> list[torch.Tensor]:
+        """Per block, member `member`'s head scores on the model as it is now; the prune step's
+        `iterative_steps` re-scores the heads left after each step with it. A pruner that does
+        not score heads keeps this default (and `can_rescore` is False)."""
+        raise NotImplementedError(f"{type(self).__name__} does not score heads")
+
+    @property
+    def can_rescore(self) -> bool:
+        """True when this pruner overrides `member_scores` (it can re-score heads)."""
+        return type(self).member_scores is not Pruner.member_scores
+
     def preflight(self, family: Family) -> None:
         """Raise MaskError if this pruner cannot produce masks for the model's head counts
         (run before any training): by default, every member keeps at least one head per block."""
@@ -152,6 +165,17 @@ class Merger:
     def min_members(self) -> int:
         """How many member masks this merger needs (checked against the prune step before work)."""
         return 1
+
+    def honours_mlp_units(self) -> bool:
+        """True when the merged model keeps exactly the MLP units the masks name (the prune step
+        owns that choice); a merger that runs full MLPs returns False and `validate` refuses a
+        prune step that chooses units before it."""
+        return True
+
+    def chooses_mlp_units(self) -> bool:
+        """True when this merger picks MLP units itself (for masks that name none); `validate`
+        refuses that beside a prune step that already chose them."""
+        return False
 
     def merge(
         self,

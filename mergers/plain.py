@@ -8,11 +8,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from compressor.errors import ExportError, MaskError, OptionError
+from compressor.core.errors import ExportError, MaskError, OptionError
+from compressor.core.masks import HeadMask
 from compressor.families import family_class, family_of
-from compressor.masks import HeadMask
 from compressor.plugins import Merger
-from compressor.surgery import prune_physically
+from compressor.surgery.physical import prune_physically
 
 
 class PlainMerger(Merger):

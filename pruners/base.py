@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from compressor.errors import MaskError
-from compressor.masks import HeadMask
+from compressor.core.errors import MaskError
+from compressor.core.masks import HeadMask
 from compressor.plugins import Batch, Importance, Pruner
 
 __all__ = ["Batch", "Importance", "Pruner", "jitter", "make_distinct"]

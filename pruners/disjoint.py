@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 import torch
 
+from compressor.core.masks import HeadMask
+from compressor.core.modes import evaluating
 from compressor.families import Family
-from compressor.inference import evaluating
-from compressor.masks import HeadMask
 from compressor.plugins import Batch, Pruner
 from pruners.topk import make_importance
 

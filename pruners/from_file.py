@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from compressor.errors import MaskError, OptionError
+from compressor.core.errors import MaskError, OptionError
+from compressor.core.masks import HeadMask, load_masks
 from compressor.families import Family
-from compressor.masks import HeadMask, load_masks
 from compressor.plugins import Batch, Pruner
 
 

@@ -22,11 +22,11 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from compressor.distributed import all_reduce_sum, gather_varlen
-from compressor.errors import InputError, OptionError
+from compressor.core.distributed import all_reduce_sum, gather_varlen
+from compressor.core.errors import InputError, OptionError
 from compressor.families import Family
-from compressor.metrics import auroc, fpr_at_tpr
 from compressor.plugins import Batch, Importance
+from compressor.uq.metrics import auroc, fpr_at_tpr
 from pruners.topk import TopKPruner
 
 
@@ -118,12 +118,9 @@ class CircuitImportance(Importance):
         data = heldout or calibration
         if not data:
             raise InputError("gradient_free: needs held-out batches (labelled data)")
-        previous = [g.detach().clone() for g in family.install_gates()]
-        gates = [g.clone() for g in previous]
-        family.set_gates(gates)
         objective = lambda: evaluate_objective(family, data, outliers, self.metric)  # noqa: E731
         scores = []
-        try:
+        with family.gates_restored() as gates:
             for block in range(family.num_blocks):
                 ref = objective()
                 s = torch.zeros(family.num_heads(block))
@@ -138,8 +135,6 @@ class CircuitImportance(Importance):
                 if keep is not None:
                     gates[block].mul_(keep(s).to(gates[block].dtype))
                 scores.append(s)
-        finally:
-            family.set_gates(previous)
         return scores
 
 

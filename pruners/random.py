@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import torch
 
+from compressor.core.masks import HeadMask
 from compressor.families import Family
-from compressor.masks import HeadMask
 from compressor.plugins import Batch, Pruner
 from pruners.base import make_distinct
 

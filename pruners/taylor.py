@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from compressor.distributed import all_reduce_sum
-from compressor.errors import InputError
+from compressor.core.distributed import all_reduce_sum
+from compressor.core.errors import InputError
 from compressor.families import Family
 from compressor.plugins import Batch, Importance
 from pruners.topk import TopKPruner
@@ -25,11 +25,8 @@ def taylor_scores(family: Family, calibration: Sequence[Batch]) -> list[torch.Te
     if not calibration:
         raise InputError("taylor: needs calibration batches (labelled data)")
     global_sizes = all_reduce_sum(torch.tensor([float(len(b[1])) for b in calibration], dtype=torch.float64))
-    previous = [g.detach().clone() for g in family.install_gates()]
-    gates = [g.clone().requires_grad_(True) for g in previous]
-    family.set_gates(gates)
-    total = [torch.zeros(g.shape, dtype=torch.float64) for g in gates]
-    try:
+    with family.gates_restored(requires_grad=True) as gates:
+        total = [torch.zeros(g.shape, dtype=torch.float64) for g in gates]
         for (x, y, *_), size in zip(calibration, global_sizes):
             if len(y) == 0:  # this rank's shard of the last batch can be empty
                 continue
@@ -37,8 +34,6 @@ def taylor_scores(family: Family, calibration: Sequence[Batch]) -> list[torch.Te
             loss = F.cross_entropy(logits, y.to(logits.device), reduction="sum") / float(size)
             for t, g in zip(total, torch.autograd.grad(loss, gates)):
                 t += g.double().cpu()
-    finally:
-        family.set_gates(previous)
     return [all_reduce_sum(t).abs().float() for t in total]
 
 

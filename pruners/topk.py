@@ -12,13 +12,13 @@ from functools import partial
 
 import torch
 
-from compressor.data import bootstrap
-from compressor.errors import OptionError
+from compressor.core.errors import OptionError
+from compressor.core.masks import HeadMask
+from compressor.core.modes import evaluating
+from compressor.core.registry import resolve
+from compressor.data.bundle import bootstrap
 from compressor.families import Family
-from compressor.inference import evaluating
-from compressor.masks import HeadMask
 from compressor.plugins import Batch, Importance, Pruner
-from compressor.registry import resolve
 from pruners.base import jitter, make_distinct
 
 

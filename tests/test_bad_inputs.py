@@ -11,14 +11,15 @@ import pytest
 import torch
 import yaml
 
-from compressor.cli import main
+from compressor.core.errors import ExportError, WeightsError, WorkError
+from compressor.core.masks import HeadMask
+from compressor.core.weights import save_weights
 from compressor.data import digits_bundle
-from compressor.errors import ExportError, WeightsError, WorkError
-from compressor.export import export_model, load_export
-from compressor.masks import HeadMask
-from compressor.runfolder import RunFolder
-from compressor.training import TrainConfig, train
-from compressor.weights import save_weights
+from compressor.deploy.export import export_model, load_export
+from compressor.run.cli import main
+from compressor.run.runfolder import RunFolder
+from compressor.training.config import TrainConfig
+from compressor.training.loop import train
 from mergers.hydra import build_hydra
 from mergers.plain import prune_physically
 
@@ -108,7 +109,7 @@ RECIPE_CASES = [
     ("keeps-no-head", _set("steps.0.prune.keep_ratio", 0.01), 2, ["steps[0].prune: keep_ratio 0.01 keeps no head"]),
     ("merge-first", _steps([{"merge": {"merger": "hydra"}}]), 2, ["steps[0].merge: 'merge' needs a 'prune' step"]),
     ("merger-unknown", _set("steps.1.merge.merger", "glue"), 2, ["steps[1].merge.merger: unknown merger 'glue'"]),
-    ("mlp-mode", _set("steps.1.merge.mlp", "wide"), 2, ["steps[1].merge: mlp: expected one of"]),
+    ("mlp-mode", _set("steps.1.merge.mlp", "wide"), 2, ["steps[1].merge: hydra merger: mlp: expected one of"]),
     (
         "plain-member",
         _set("steps.1.merge", {"merger": "plain", "member": 7}),
@@ -261,7 +262,7 @@ EXPORT_CASES = [
     ),
     ("kind-import-path", lambda c: c.__setitem__("kind", "os:system"), "kind: expected a registered merger name"),
     ("kind-unknown", lambda c: c.__setitem__("kind", "glue"), "kind: unknown merger 'glue'"),
-    ("format", lambda c: c.__setitem__("format", "v0"), "format: expected 'compressor.export/2'"),
+    ("format", lambda c: c.__setitem__("format", "v0"), "format: expected 'compressor.deploy.export/2'"),
     ("class-names", lambda c: c.__setitem__("class_names", [1, 2]), "class_names: expected a list of strings"),
     ("temperature", lambda c: c.__setitem__("calibration", {"temperature": [-1.0]}), "calibration.temperature"),
 ]
@@ -368,7 +369,7 @@ def test_non_finite_weights_never_reach_a_file(tmp_path):
 
 
 def test_a_corrupt_cache_is_retrained_not_used(tmp_path):
-    from compressor.models import _cache_key, build_base
+    from compressor.run.models import _cache_key, build_base
 
     data = digits_bundle()
     model_cfg = {**RECIPE["model"], "source": "timm", "pretrained": False, "checkpoint": None}

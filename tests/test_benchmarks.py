@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from compressor.recipe import validate_recipe
+from compressor.run.recipe import validate_recipe
 
 from .helpers import ROOT
 

@@ -8,22 +8,23 @@ import torch
 from torch.utils.data import TensorDataset
 
 import compressor
-from compressor.calibration import (
+from compressor.core.masks import HeadMask
+from compressor.data import digits_bundle
+from compressor.deploy.export import export_model
+from compressor.training.config import TrainConfig
+from compressor.training.loop import train
+from compressor.uq.calibration import (
     Calibrated,
     calibrated_probs,
     checked_ood_threshold,
     ensemble_log_probs,
     fit_checked_temperature,
     fit_temperature,
-    ood_scores,
     ood_threshold,
 )
-from compressor.data import digits_bundle
-from compressor.export import export_model
-from compressor.inference import predict_logits
-from compressor.masks import HeadMask
-from compressor.metrics import accuracy, nll
-from compressor.training import TrainConfig, train
+from compressor.uq.inference import predict_logits
+from compressor.uq.metrics import accuracy, nll
+from compressor.uq.scores import ood_score
 from mergers.hydra import build_hydra
 
 from .conftest import make_vit
@@ -63,7 +64,7 @@ def test_per_member_temperatures_and_ood_threshold(overconfident):
     assert t.shape == (2,)
     probs = (logits / t.view(-1, 1, 1)).softmax(-1)
     for score in ("msp", "entropy", "mi"):
-        s = ood_scores(probs, score)
+        s = ood_score(probs, score)
         thr = ood_threshold(s, 0.95)
         assert (s <= thr).float().mean() >= 0.95 and (s < thr).float().mean() < 0.95
 

@@ -11,10 +11,11 @@ import torch.multiprocessing as mp
 from torch.utils.data import Subset, TensorDataset
 
 from compressor.data import batches, digits_bundle
-from compressor.evaluate import evaluate_model
 from compressor.families import family_of
-from compressor.inference import predict
-from compressor.training import TrainConfig, train
+from compressor.training.config import TrainConfig
+from compressor.training.loop import train
+from compressor.uq.evaluate import evaluate_model
+from compressor.uq.inference import predict
 from mergers.hydra import HydraMerger
 from pruners import GradientFreePruner, TaylorPruner
 from pruners.taylor import taylor_scores
@@ -104,7 +105,7 @@ def _close(a, b, path=""):
 
 def test_sampler_shards_are_disjoint_and_cover_the_batch(monkeypatch):
     """Rank r's local batches, taken together, are exactly the one-process global batches."""
-    import compressor.distributed as d
+    import compressor.core.distributed as d
 
     ds = TensorDataset(torch.arange(45))
     single = [b[0].tolist() for b in batches(ds, 16)]

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import compressor
-from compressor.export import ExportError, export_model
-from compressor.masks import HeadMask
-from compressor.weights import WeightsError
+from compressor.core.masks import HeadMask
+from compressor.core.weights import WeightsError
+from compressor.deploy.export import ExportError, export_model
 from mergers.hydra import build_hydra
 from mergers.plain import prune_physically
 
@@ -76,11 +76,11 @@ def test_interrupted_export_leaves_the_previous_export_intact(tmp_path):
     script = textwrap.dedent(f"""
         import os, signal, sys, time
         sys.path.insert(0, {str(tmp_path)!r})
-        import compressor.weights as w
+        import compressor.core.weights as w
         from tests.conftest import make_vit
         from tests.test_export import MASKS
         from mergers.hydra import build_hydra
-        from compressor.export import export_model
+        from compressor.deploy.export import export_model
         real = w.save_file
         def slow_save(tensors, path, metadata=None):
             real(tensors, path, metadata=metadata)

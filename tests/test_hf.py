@@ -6,11 +6,11 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
+from compressor.core.masks import HeadMask
+from compressor.core.registry import resolve
+from compressor.data.text import minilm_path
 from compressor.families import Bert, family_of
 from compressor.families.classifiers import MeanPoolClassifier
-from compressor.masks import HeadMask
-from compressor.registry import resolve
-from compressor.text import minilm_path
 from mergers.plain import prune_physically
 
 from .conftest import perturbed_members
@@ -146,7 +146,7 @@ def test_hydra_minilm_fine_tuned_members(minilm):
 
 def test_export_round_trips_for_minilm(minilm, tmp_path):
     import compressor
-    from compressor.export import export_model
+    from compressor.deploy.export import export_model
     from mergers.hydra import HydraMerger
 
     model, ids = minilm
@@ -173,7 +173,7 @@ def test_onnx_export_of_fused_model_matches_torch(tmp_path):
     """The optional ONNX export of a fused Hydra ViT, checked with onnxruntime against torch."""
     import onnxruntime as ort
 
-    from compressor.onnx_export import export_onnx
+    from compressor.deploy.onnx_export import export_onnx
     from mergers.hydra import build_hydra
     from tests.conftest import make_vit
 
@@ -253,7 +253,7 @@ def test_hydra_hf_equals_masked_members(kind, mode, tmp_path):
     """ViT, CLIP vision (mean-pooled patches), CLIP text (causal + padding mask, quick GELU) and
     zero-shot CLIP (projection + cosine similarity to class prompt embeddings)."""
     import compressor
-    from compressor.export import export_model
+    from compressor.deploy.export import export_model
     from mergers.hydra import HydraMerger
 
     model = _hf_classifier(kind)
@@ -310,7 +310,7 @@ def test_plain_clip_export_loads_with_transformers_alone(tmp_path):
     from transformers import CLIPForImageClassification
 
     import compressor
-    from compressor.export import export_model
+    from compressor.deploy.export import export_model
 
     model = _hf_classifier("clip_vision")
     mask = HeadMask.from_kept([[1, 2], [0]], [4, 4])
@@ -343,7 +343,7 @@ def test_zero_shot_clip_equals_clip_logits_per_image():
 
 def test_plain_zero_shot_clip_export_round_trip(tmp_path):
     import compressor
-    from compressor.export import export_model
+    from compressor.deploy.export import export_model
 
     model = _hf_classifier("clip_zero_shot")
     mask = HeadMask.from_kept([[0, 3], [1, 2, 3]], [4, 4])

@@ -5,8 +5,8 @@ import copy
 import pytest
 import torch
 
+from compressor.core.masks import HeadMask
 from compressor.families import family_of
-from compressor.masks import HeadMask
 from mergers.hydra import HydraMerger, build_hydra
 
 from .conftest import make_vit, perturbed_members

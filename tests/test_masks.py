@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 
-from compressor.masks import HeadMask, MaskError, load_masks, save_masks
+from compressor.core.masks import HeadMask, MaskError, load_masks, save_masks
 
 
 def test_json_round_trip(tmp_path):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import average_precision_score, brier_score_loss, log_loss, roc_auc_score, roc_curve
 
-from compressor import metrics as M
+from compressor.uq import metrics as M
 
 
 def rand_probs(n=200, c=5, seed=0):

@@ -5,8 +5,8 @@ import copy
 import pytest
 import torch
 
+from compressor.core.masks import HeadMask, MaskError
 from compressor.families import family_of
-from compressor.masks import HeadMask, MaskError
 from mergers.plain import PlainMerger, prune_physically
 
 from .conftest import make_vit

@@ -8,10 +8,10 @@ import torch
 from PIL import Image
 
 import compressor
-from compressor.calibration import Calibrated
+from compressor.core.masks import HeadMask
 from compressor.data import digits_bundle, digits_preprocessing
-from compressor.export import export_model
-from compressor.masks import HeadMask
+from compressor.deploy.export import export_model
+from compressor.uq.calibration import Calibrated
 from mergers.hydra import build_hydra
 
 from .conftest import make_vit

@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from compressor.core.masks import MaskError
+from compressor.core.registry import resolve
 from compressor.families import family_of
-from compressor.masks import MaskError
-from compressor.registry import resolve
 from pruners import DisjointPruner, GradientFreePruner, MagnitudeImportance, MagnitudePruner, RandomPruner, TaylorPruner
 from pruners.taylor import taylor_scores
 

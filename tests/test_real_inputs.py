@@ -9,7 +9,7 @@ import yaml
 from PIL import Image
 
 import compressor
-from compressor.cli import main
+from compressor.run.cli import main
 
 from .helpers import ROOT, SMALL, run_cli
 

@@ -1,7 +1,7 @@
 import pytest
 import yaml
 
-from compressor.recipe import RecipeError, load_recipe
+from compressor.run.recipe import RecipeError, load_recipe
 
 from .helpers import ROOT
 
@@ -42,7 +42,10 @@ def test_defaults_are_filled(tmp_path):
             r"steps\[0\].prune.colour: unknown option for pruner 'taylor'; expected one of",
         ),
         (lambda d: d["steps"].append({"fly": {}}), r"steps\[1\]: unknown step 'fly'; expected one of prune"),
-        (lambda d: d["steps"].append({"merge": {"merger": "hydra", "mlp": "wide"}}), r"steps\[1\].merge: mlp"),
+        (
+            lambda d: d["steps"].append({"merge": {"merger": "hydra", "mlp": "wide"}}),
+            r"steps\[1\].merge: hydra merger: mlp",
+        ),
         (lambda d: d["steps"].insert(0, {"merge": {"merger": "plain"}}), r"'merge' needs a 'prune' step"),
         (lambda d: d["model"].pop("name"), r"model.name: missing"),
         (
@@ -67,6 +70,20 @@ def test_defaults_are_filled(tmp_path):
             lambda d: d["steps"].append({"evaluate": {"baselines": ["base", "ensemble"]}}),
             r"steps\[1\].evaluate.baselines: expected a list of base, members, uncalibrated, deep_ensemble, mc_dropout "
             r"\(unknown: ensemble\)",
+        ),
+        # MLP units have one owner: the prune step's choice must reach a merge mode that keeps them
+        (
+            lambda d: (
+                d["steps"][0]["prune"].update(mlp_keep_ratio=0.5) or d["steps"].append({"merge": {"merger": "hydra"}})
+            ),
+            r"steps\[1\].merge: 'merge' with this merger runs full MLPs and would discard the MLP units prune.mlp",
+        ),
+        (
+            lambda d: (
+                d["steps"][0]["prune"].update(mlp_keep_ratio=0.5)
+                or d["steps"].append({"merge": {"merger": "hydra", "mlp": "pruned", "mlp_keep_ratio": 0.4}})
+            ),
+            r"steps\[1\].merge: 'merge' would choose MLP units a second time: prune.mlp_keep_ratio already does",
         ),
         (lambda d: d.update(steps=[]), r"r.yaml: steps: expected at least one step"),
         (

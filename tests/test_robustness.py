@@ -2,7 +2,7 @@
 
 import json
 
-from compressor.masks import HeadMask, save_masks
+from compressor.core.masks import HeadMask, save_masks
 
 from .helpers import ROOT, SMALL, run_cli
 

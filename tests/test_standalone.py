@@ -9,11 +9,11 @@ import textwrap
 import torch
 from safetensors.torch import save_file
 
+from compressor.core.masks import HeadMask
 from compressor.data import digits_bundle
-from compressor.export import export_model
+from compressor.deploy.export import export_model
 from compressor.families import family_of
-from compressor.masks import HeadMask
-from compressor.mlp_units import with_top_units
+from compressor.surgery.mlp_units import with_top_units
 from mergers.plain import prune_physically
 
 from .conftest import make_vit
@@ -64,8 +64,8 @@ def test_minilm_export_reads_with_transformers_alone(tmp_path):
     exported classifier's logits."""
     from transformers import AutoModel, AutoTokenizer
 
+    from compressor.data.text import minilm_path
     from compressor.families.classifiers import MeanPoolClassifier
-    from compressor.text import minilm_path
 
     torch.manual_seed(0)
     path = str(minilm_path())
@@ -128,8 +128,8 @@ def test_unevenly_pruned_minilm_keeps_zero_weights_for_transformers(tmp_path):
     removed heads and MLP units and still gives the pruned model's outputs."""
     from transformers import AutoModel
 
+    from compressor.data.text import minilm_path
     from compressor.families.classifiers import MeanPoolClassifier
-    from compressor.text import minilm_path
 
     model = MeanPoolClassifier(AutoModel.from_pretrained(str(minilm_path())), 2).eval()
     heads = [list(range(12 - b)) for b in range(6)]

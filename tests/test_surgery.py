@@ -7,10 +7,10 @@ import copy
 import pytest
 import torch
 
+from compressor.core.masks import HeadMask
 from compressor.families import family_of
-from compressor.masks import HeadMask
-from compressor.mlp_units import with_top_units
-from compressor.surgery import prune_physically
+from compressor.surgery.mlp_units import with_top_units
+from compressor.surgery.physical import prune_physically
 
 from .conftest import make_vit
 from .test_hf import _hf_classifier, _hf_inputs
@@ -37,20 +37,21 @@ def test_removal_equals_masking_and_uses_torch_pruning(kind):
     mask = _mask(model, x)
     masked = copy.deepcopy(model)
     family_of(masked).apply_mask(mask)
-    pruned = prune_physically(model, mask)
+    cuts: dict = {}
+    pruned = prune_physically(model, mask, cuts)
     with torch.no_grad():
         torch.testing.assert_close(_logits(pruned, x), _logits(masked, x), rtol=1e-5, atol=1e-5)
     family = family_of(pruned)
     assert family.heads_per_block() == mask.num_kept()
     assert family.mlp_widths() == [len(mask.kept_units(b)) for b in range(mask.num_blocks)]
-    assert set(pruned.surgery.values()) == {"torch-pruning"}, pruned.surgery
+    assert cuts and set(cuts.values()) == {"torch-pruning"}, cuts
     assert sum(p.numel() for p in pruned.parameters()) < sum(p.numel() for p in model.parameters())
 
 
 def test_torch_pruning_magnitude_importance_by_name():
     """'magnitude' is torch-pruning's GroupMagnitudeImportance on the fc1->fc2 group: the mean of
     the unit's squared fc1-row and fc2-column norms, divided by its mean over the block."""
-    from compressor.mlp_units import unit_scores
+    from compressor.surgery.mlp_units import unit_scores
 
     vit = make_vit("tiny_cls")
     family = family_of(vit)
@@ -64,8 +65,8 @@ def test_torch_pruning_magnitude_importance_by_name():
 @pytest.mark.parametrize("allocation", ["uniform", "global"])
 @pytest.mark.parametrize("kind, ratio", [("flops", 0.5), ("params", 0.5), ("flops", 0.7)])
 def test_budget_is_met_within_two_percent(kind, ratio, allocation):
-    from compressor.budget import budget_mask, measure
-    from compressor.mlp_units import unit_scores
+    from compressor.surgery.budget import budget_mask, measure
+    from compressor.surgery.mlp_units import unit_scores
     from pruners.taylor import taylor_scores
 
     from .conftest import labelled_batches
@@ -93,7 +94,8 @@ def test_distillation_pulls_the_student_to_the_teacher():
     from torch.utils.data import TensorDataset
 
     from compressor.data import digits_bundle
-    from compressor.training import TrainConfig, train
+    from compressor.training.config import TrainConfig
+    from compressor.training.loop import train
 
     data = digits_bundle()
     teacher = make_vit("tiny_cls", seed=1)
@@ -122,8 +124,8 @@ def test_iterative_budget_rescores_what_is_left_and_meets_the_target(allocation)
     """Three steps to 0.5x FLOPs: each step is scored on the model pruned so far (the scorer sees
     the previous step's mask), removals stay removed, the final mask meets the target, and the
     scores given at the last step decide which survivors stay."""
-    from compressor.budget import budget_mask, iterative_budget_mask, measure
-    from compressor.mlp_units import unit_scores
+    from compressor.surgery.budget import budget_mask, iterative_budget_mask, measure
+    from compressor.surgery.mlp_units import unit_scores
     from pruners.taylor import taylor_scores
 
     from .conftest import labelled_batches
@@ -170,10 +172,10 @@ def test_prune_step_reaches_a_flops_target_in_steps(tmp_path):
     """The recipe path: `target` + `iterative_steps: 2` re-scores heads (the pruner) and units on
     the half-pruned model, and the plain model it yields has the FLOPs the target asks for; a
     pruner that cannot re-score heads is refused by preflight, in one line."""
-    from compressor.budget import measure
-    from compressor.errors import InputError
-    from compressor.recipe import validate_recipe
-    from compressor.runner import Runner
+    from compressor.core.errors import InputError
+    from compressor.run.recipe import validate_recipe
+    from compressor.run.runner import Runner
+    from compressor.surgery.budget import measure
 
     kwargs = {"img_size": 16, "patch_size": 4, "embed_dim": 48, "depth": 2, "num_heads": 4}
     model = {"name": "vit_tiny_patch16_224", "kwargs": kwargs, "train_base": {"steps": 4, "eval_every": 2}}

@@ -9,17 +9,19 @@ import torch
 from sklearn.metrics import roc_auc_score
 from torch.utils.data import TensorDataset
 
-from compressor.context import RunContext
+from compressor.core.errors import CompressorError, InputError
+from compressor.core.masks import HeadMask, load_masks, save_masks
+from compressor.core.registry import resolve
 from compressor.data import DataBundle, digits_bundle
-from compressor.errors import CompressorError, InputError
-from compressor.evaluate import flops_per_sample
+from compressor.data.outliers import shuffle_patches, shuffle_tokens
 from compressor.families import family_of
-from compressor.masks import HeadMask, load_masks, save_masks
-from compressor.mlp_units import with_top_units
-from compressor.outliers import shuffle_patches, shuffle_tokens
-from compressor.recipe import validate_recipe
-from compressor.registry import resolve
-from compressor.training import TrainConfig, heldout_nll, mutual_information, train
+from compressor.run.context import RunContext
+from compressor.run.recipe import validate_recipe
+from compressor.surgery.mlp_units import with_top_units
+from compressor.training.config import TrainConfig
+from compressor.training.loop import heldout_nll, train
+from compressor.uq.evaluate import flops_per_sample
+from compressor.uq.scores import mutual_information
 from mergers.hydra import build_hydra
 from mergers.plain import prune_physically
 from pruners.gradient_free import CircuitImportance, evaluate_objective
@@ -148,7 +150,7 @@ def test_disagreement_reward_raises_member_disagreement_on_outliers(digits_small
         cfg = TrainConfig(steps=20, batch_size=64, lr=3e-3, warmup_steps=1, disagreement=reward)
         train(fused, train_set, None, cfg, make_outliers=shuffle_patches)
         with torch.no_grad():
-            mi[reward] = float(mutual_information(fused(outliers).member_logits).mean())
+            mi[reward] = float(mutual_information(fused(outliers).member_logits.softmax(-1)).mean())
     assert mi[3.0] > 3 * mi[0.0], mi
 
 

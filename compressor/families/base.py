@@ -2,9 +2,10 @@
 
 A `Family` wraps one model and answers everything the rest of compressor asks of it: its
 attention blocks and each head's weights, its MLPs, norms and layer scales, how to gate heads and
-how to remove heads or MLP units, how to run it and read logits from its output, the embedding
-"stem" and classifier "head" the fused Hydra model copies, and how to describe the architecture
-for an export and build it again. A new family is one subclass in one file, registered by name.
+how to remove heads or MLP units, how to run it and read logits from its output, its embedding
+"stem" and classifier "head" as standalone modules (for code that runs the blocks itself, such as
+a fused ensemble), and how to describe the architecture for an export and build it again. It
+knows no merger. A new family is one subclass in one file, registered by name.
 
 Head gating is a forward pre-hook on each block's attention output projection: the projection's
 input is the concatenation of the heads' outputs, so multiplying head h's slice by gate[h] is
@@ -16,140 +17,23 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from functools import partial
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from compressor.errors import MaskError
-from compressor.masks import HeadMask
-
-
-@dataclass
-class Slot:
-    """A submodule reached as `owner.<name>`, so that surgery can replace it."""
-
-    owner: nn.Module
-    name: str
-
-    def get(self) -> nn.Module:
-        return getattr(self.owner, self.name)
-
-    def set(self, module: nn.Module) -> None:
-        setattr(self.owner, self.name, module)
-
-
-@dataclass
-class AttentionSlots:
-    """One block's attention projections: a fused [q; k; v] Linear or three, and the output one.
-
-    `head_rows` are further Linears whose output rows follow the heads (removed with them).
-    """
-
-    qkv: tuple[Slot, ...]
-    o: Slot
-    head_rows: tuple[Slot, ...] = ()
-
-
-@dataclass
-class MlpSlots:
-    """One block's MLP: fc1 (hidden units are its output rows), the activation, fc2."""
-
-    fc1: Slot
-    act: nn.Module
-    fc2: Slot
-
-
-@dataclass
-class HeadWeights:
-    """One block's attention weights split per head (views of the model's own tensors).
-
-    q, k, v: [H, head_dim, D] weights and [H, head_dim] biases (None where absent);
-    o: [D, H, head_dim] output-projection weight, o_bias: [D] or None.
-    """
-
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    q_bias: torch.Tensor | None
-    k_bias: torch.Tensor | None
-    v_bias: torch.Tensor | None
-    o: torch.Tensor
-    o_bias: torch.Tensor | None
-
-
-@dataclass
-class BlockParts:
-    """What a fused block copies from one block besides attention and MLP weights.
-
-    Dropout rates: `attn_drop` on attention probabilities, `proj_drop` after the output
-    projection, `mlp_act_drop` after the MLP activation, `mlp_drop` after fc2.
-    """
-
-    norm1: nn.Module
-    norm2: nn.Module
-    ls1: torch.Tensor | None = None  # layer-scale gammas [D]
-    ls2: torch.Tensor | None = None
-    q_norm: nn.Module | None = None  # per-head LayerNorm over head_dim (timm qk_norm)
-    k_norm: nn.Module | None = None
-    attn_drop: float = 0.0
-    proj_drop: float = 0.0
-    mlp_act_drop: float = 0.0
-    mlp_drop: float = 0.0
-
-
-def _gate_pre_hook(module: nn.Module, args: tuple, name: str) -> tuple:
-    gate = getattr(module, name)
-    (x, *rest) = args
-    shape = x.shape
-    x = (x.reshape(*shape[:-1], gate.numel(), -1) * gate.to(x.dtype)[:, None]).reshape(shape)
-    return (x, *rest)
-
-
-def _install_gate(linear: nn.Linear, name: str, groups: int) -> torch.Tensor:
-    """A gate of ones over `groups` equal slices of `linear`'s input, applied by a pre-hook."""
-    if not hasattr(linear, name):
-        ref = linear.weight
-        linear.register_buffer(name, torch.ones(groups, dtype=ref.dtype, device=ref.device), persistent=False)
-        hooks = getattr(linear, "_compressor_gate_hooks", {})
-        hooks[name] = linear.register_forward_pre_hook(partial(_gate_pre_hook, name=name))
-        linear._compressor_gate_hooks = hooks
-    return getattr(linear, name)
-
-
-def _remove_gate(linear: nn.Linear, name: str) -> None:
-    if hasattr(linear, name):
-        linear._compressor_gate_hooks.pop(name).remove()
-        del linear._buffers[name]
-
-
-def select_rows(linear: nn.Linear, rows: torch.Tensor) -> nn.Linear:
-    """A new Linear keeping output rows `rows` of `linear`."""
-    new = nn.Linear(linear.in_features, rows.numel(), bias=linear.bias is not None)
-    new = new.to(device=linear.weight.device, dtype=linear.weight.dtype)
-    with torch.no_grad():
-        new.weight.copy_(linear.weight[rows])
-        if linear.bias is not None:
-            new.bias.copy_(linear.bias[rows])
-    return new
-
-
-def select_cols(linear: nn.Linear, cols: torch.Tensor) -> nn.Linear:
-    """A new Linear keeping input columns `cols` of `linear`."""
-    new = nn.Linear(cols.numel(), linear.out_features, bias=linear.bias is not None)
-    new = new.to(device=linear.weight.device, dtype=linear.weight.dtype)
-    with torch.no_grad():
-        new.weight.copy_(linear.weight[:, cols])
-        if linear.bias is not None:
-            new.bias.copy_(linear.bias)
-    return new
-
-
-def head_columns(keep: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """Feature indices of heads `keep` in a [heads * head_dim] layout."""
-    return (keep[:, None] * head_dim + torch.arange(head_dim)[None]).flatten()
+from compressor.core.errors import MaskError, UnsupportedModelError
+from compressor.core.masks import HeadMask
+from compressor.families.gates import install_gate, remove_gate
+from compressor.families.parts import (
+    AttentionSlots,
+    BlockParts,
+    HeadWeights,
+    MlpSlots,
+    head_columns,
+    select_cols,
+    select_rows,
+)
 
 
 class Family(ABC):
@@ -205,19 +89,25 @@ class Family(ABC):
     def empty(cls, arch: dict, depth: int | None = None) -> nn.Module:
         """A freshly built model of architecture `arch` (with `depth` blocks when given)."""
 
-    def hydra_problems(self) -> list[str]:
-        """Why the fused Hydra model could not reproduce this model (empty when it can)."""
+    def standard_block_problems(self) -> list[str]:
+        """Why this model's blocks are not the standard pre-norm transformer block (LayerNorm,
+        multi-head attention, MLP with a supported activation, optional LayerScale) that code
+        re-implementing the blocks assumes; empty when they are."""
         return []
 
     def input_size(self) -> tuple[int, ...] | None:
         """The input an image model takes, (channels, height, width); None when not an image model."""
         return None
 
-    def hydra_ends(self) -> tuple[nn.Module, nn.Module]:
-        """Copies of the model's stem and head as modules the fused model runs:
-        stem(inputs) -> (tokens [B, T, D], key_mask [B, T] bool or None) and
-        head(tokens [N, T, D], key_mask or None) -> logits [N, C]."""
-        raise NotImplementedError(f"{type(self).__name__} has no Hydra support")
+    def stem_and_head(self) -> tuple[nn.Module, nn.Module]:
+        """Copies of the model's stem and head as standalone modules:
+        stem(inputs) -> (tokens [B, T, D], key_mask [B, T] bool or None), with
+        stem.tokens_per_sample(inputs) -> T, and head(tokens [N, T, D], key_mask or None) -> logits [N, C]."""
+        raise UnsupportedModelError(f"{type(self).__name__} does not expose its stem and head")
+
+    def tokens_per_sample(self, inputs: torch.Tensor) -> int:
+        """How many tokens the blocks see per input sample (for FLOPs budgets)."""
+        return self.stem_and_head()[0].tokens_per_sample(inputs)
 
     def save_pretrained(self, folder: Any, mask: HeadMask) -> str | None:
         """Write a copy that the model's own library loads without compressor; return its folder
@@ -282,19 +172,17 @@ class Family(ABC):
     # --- gating -----------------------------------------------------------------------------
     def install_gates(self) -> list[torch.Tensor]:
         """Give every block a head gate of ones (idempotent); return the gate tensors."""
-        return [
-            _install_gate(self.output_projection(b), "head_gate", self.num_heads(b)) for b in range(self.num_blocks)
-        ]
+        return [install_gate(self.output_projection(b), "head_gate", self.num_heads(b)) for b in range(self.num_blocks)]
 
     def install_unit_gates(self) -> list[torch.Tensor]:
         """Give every block's MLP a unit gate of ones on fc2's input (idempotent); return them."""
-        return [_install_gate(self.mlp(b).fc2.get(), "unit_gate", w) for b, w in enumerate(self.mlp_widths())]
+        return [install_gate(self.mlp(b).fc2.get(), "unit_gate", w) for b, w in enumerate(self.mlp_widths())]
 
     def remove_gates(self) -> None:
         """Remove every head and MLP-unit gate (hooks and buffers)."""
         for b in range(self.num_blocks):
-            _remove_gate(self.output_projection(b), "head_gate")
-            _remove_gate(self.mlp(b).fc2.get(), "unit_gate")
+            remove_gate(self.output_projection(b), "head_gate")
+            remove_gate(self.mlp(b).fc2.get(), "unit_gate")
 
     def set_gates(self, gates: Sequence[torch.Tensor]) -> None:
         """Replace the head-gate tensors (for example with ones that require grad)."""
@@ -315,22 +203,31 @@ class Family(ABC):
                 g.copy_(u.to(g.dtype))
 
     @contextmanager
-    def masked(self, mask: HeadMask | None) -> Iterator[None]:
-        """Run the model with `mask` applied; every gate is restored afterwards."""
+    def gates_restored(self, requires_grad: bool = False) -> Iterator[list[torch.Tensor]]:
+        """Working copies of the head gates, installed and yielded (set `requires_grad` to take
+        gradients through them); every head and MLP-unit gate is put back as it was afterwards."""
         had_units = any(hasattr(self.mlp(b).fc2.get(), "unit_gate") for b in range(self.num_blocks))
         heads = [g.detach().clone() for g in self.install_gates()]
         units = [g.detach().clone() for g in self.install_unit_gates()] if had_units else None
-        self.apply_mask(mask)
+        working = [g.clone().requires_grad_(requires_grad) for g in heads]
+        self.set_gates(working)
         try:
-            yield
+            yield working
         finally:
             self.set_gates(heads)
             if units is None:
                 for b in range(self.num_blocks):
-                    _remove_gate(self.mlp(b).fc2.get(), "unit_gate")
+                    remove_gate(self.mlp(b).fc2.get(), "unit_gate")
             else:
                 for g, u in zip(self.install_unit_gates(), units):
                     g.copy_(u)
+
+    @contextmanager
+    def masked(self, mask: HeadMask | None) -> Iterator[None]:
+        """Run the model with `mask` applied; every gate is restored afterwards."""
+        with self.gates_restored():
+            self.apply_mask(mask)
+            yield
 
     # --- surgery ----------------------------------------------------------------------------
     def prune_heads_(self, block: int, keep: Sequence[int]) -> None:
@@ -353,7 +250,7 @@ class Family(ABC):
         slots.o.set(select_cols(proj, cols))
         self.set_head_count(block, int(keep_t.numel()))
         if gate_values is not None:
-            _install_gate(self.output_projection(block), "head_gate", int(keep_t.numel()))
+            install_gate(self.output_projection(block), "head_gate", int(keep_t.numel()))
             self.output_projection(block)._buffers["head_gate"] = gate_values
 
     def prune_mlp_units_(self, block: int, keep: Sequence[int]) -> None:
@@ -367,5 +264,5 @@ class Family(ABC):
         slots.fc1.set(select_rows(slots.fc1.get(), keep_t))
         slots.fc2.set(select_cols(fc2, keep_t))
         if gate_values is not None:
-            _install_gate(self.mlp(block).fc2.get(), "unit_gate", int(keep_t.numel()))
+            install_gate(self.mlp(block).fc2.get(), "unit_gate", int(keep_t.numel()))
             self.mlp(block).fc2.get()._buffers["unit_gate"] = gate_values

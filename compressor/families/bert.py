@@ -1,7 +1,7 @@
 """BERT-style transformers encoders (BertModel, and models laid out like it such as MiniLM and
 RoBERTa): `attention.self.query/key/value`, `attention.output.dense`, post-norm blocks.
 
-Seen bare, or inside a `MeanPoolClassifier` (the form the Hydra merger fuses).
+Seen bare, or inside a `MeanPoolClassifier` (the form whose blocks and head can be run on their own).
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from compressor.families.base import AttentionSlots, BlockParts, MlpSlots, Slot
+from compressor.core.registry import register
 from compressor.families.classifiers import MeanPoolClassifier
 from compressor.families.hf import TextEncoderFamily, with_depth
-from compressor.registry import register
+from compressor.families.parts import AttentionSlots, BlockParts, MlpSlots, Slot
 
 
 def _is_bert_like(model: nn.Module) -> bool:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from compressor.errors import InputError
-from compressor.inference import evaluating
+from compressor.core.errors import InputError
+from compressor.core.modes import evaluating
 
 
 class MeanPoolClassifier(nn.Module):

@@ -15,8 +15,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from compressor.errors import ExportError
-from compressor.families.base import AttentionSlots, BlockParts, MlpSlots, Slot
+from compressor.core.errors import ExportError
+from compressor.core.masks import HeadMask
+from compressor.core.registry import register
 from compressor.families.classifiers import MeanPoolClassifier, ZeroShotCLIP
 from compressor.families.hf import (
     ImageStem,
@@ -26,8 +27,7 @@ from compressor.families.hf import (
     save_full_size,
     with_depth,
 )
-from compressor.masks import HeadMask
-from compressor.registry import register
+from compressor.families.parts import AttentionSlots, BlockParts, MlpSlots, Slot
 
 
 class ClipTower(TransformersFamily):
@@ -96,12 +96,12 @@ class ClipVision(ClipTower):
         c = self.config()
         return (int(c.num_channels), int(c.image_size), int(c.image_size))
 
-    def hydra_problems(self) -> list[str]:
+    def standard_block_problems(self) -> list[str]:
         if type(self.model).__name__ == "CLIPVisionModel":
             return ["CLIPVisionModel is not supported; use CLIPForImageClassification or ZeroShotCLIP"]
-        return super().hydra_problems()
+        return super().standard_block_problems()
 
-    def hydra_ends(self) -> tuple[nn.Module, nn.Module]:
+    def stem_and_head(self) -> tuple[nn.Module, nn.Module]:
         tower = self.tower()
         stem = ImageStem(tower.embeddings, tower.embeddings.num_positions, norm=tower.pre_layrnorm)
         if isinstance(self.model, ZeroShotCLIP):

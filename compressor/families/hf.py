@@ -14,10 +14,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from compressor.errors import UnsupportedModelError
-from compressor.families.base import Family, head_columns
+from compressor.core.errors import UnsupportedModelError
+from compressor.core.masks import HeadMask
+from compressor.families.base import Family
 from compressor.families.classifiers import MeanPoolClassifier
-from compressor.masks import HeadMask
+from compressor.families.parts import head_columns
 
 # transformers' `hidden_act` names -> the fused model's activation names
 ACT_NAMES = {
@@ -63,7 +64,7 @@ class TransformersFamily(Family):
             raise UnsupportedModelError(f"{self.name}: activation '{act}' is not supported")
         return ACT_NAMES[act]
 
-    def hydra_problems(self) -> list[str]:
+    def standard_block_problems(self) -> list[str]:
         try:
             self.activation()
         except UnsupportedModelError as e:
@@ -72,7 +73,7 @@ class TransformersFamily(Family):
 
 
 class TextEncoderFamily(TransformersFamily):
-    """Text encoders seen bare or as `MeanPoolClassifier(encoder)` (the form the Hydra merger fuses)."""
+    """Text encoders seen bare or as `MeanPoolClassifier(encoder)` (the form whose head can run on its own)."""
 
     def encoder(self) -> nn.Module:
         """The transformers encoder (inside the MeanPoolClassifier, or the model itself)."""
@@ -88,15 +89,15 @@ class TextEncoderFamily(TransformersFamily):
     def classifier(self) -> nn.Module:
         return self.model.head if isinstance(self.model, MeanPoolClassifier) else nn.Identity()
 
-    def hydra_problems(self) -> list[str]:
+    def standard_block_problems(self) -> list[str]:
         if not isinstance(self.model, MeanPoolClassifier):
             return [
                 f"{type(self.model).__name__} is not supported; wrap it as "
                 "compressor.families.classifiers.MeanPoolClassifier(encoder, num_classes)"
             ]
-        return super().hydra_problems()
+        return super().standard_block_problems()
 
-    def hydra_ends(self) -> tuple[nn.Module, nn.Module]:
+    def stem_and_head(self) -> tuple[nn.Module, nn.Module]:
         stem = TokenStem(self.encoder().embeddings, self.model.pad_token_id)
         return stem, PooledHead(self.model.head, "tokens", norm=self.final_norm())
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from torch import nn
 
-from compressor.errors import ExportError
-from compressor.families.base import AttentionSlots, BlockParts, MlpSlots, Slot
+from compressor.core.errors import ExportError
+from compressor.core.masks import HeadMask
+from compressor.core.registry import register
 from compressor.families.hf import (
     ImageStem,
     PooledHead,
@@ -18,8 +19,7 @@ from compressor.families.hf import (
     save_full_size,
     with_depth,
 )
-from compressor.masks import HeadMask
-from compressor.registry import register
+from compressor.families.parts import AttentionSlots, BlockParts, MlpSlots, Slot
 
 
 def _classes() -> tuple[type, type]:
@@ -78,12 +78,12 @@ class HFViT(TransformersFamily):
         c = self.config()
         return (int(c.num_channels), int(c.image_size), int(c.image_size))
 
-    def hydra_problems(self) -> list[str]:
+    def standard_block_problems(self) -> list[str]:
         if not isinstance(self.model, _classes()[1]):
             return [f"{type(self.model).__name__} is not supported; use ViTForImageClassification"]
-        return super().hydra_problems()
+        return super().standard_block_problems()
 
-    def hydra_ends(self) -> tuple[nn.Module, nn.Module]:
+    def stem_and_head(self) -> tuple[nn.Module, nn.Module]:
         vit = self.vit()
         tokens = vit.embeddings.patch_embeddings.num_patches + 1
         return ImageStem(vit.embeddings, tokens), PooledHead(self.model.classifier, "first", norm=vit.layernorm)

@@ -12,9 +12,10 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from compressor.errors import ExportError, UnsupportedModelError
-from compressor.families.base import AttentionSlots, BlockParts, Family, MlpSlots, Slot
-from compressor.registry import register
+from compressor.core.errors import ExportError, UnsupportedModelError
+from compressor.core.registry import register
+from compressor.families.base import Family
+from compressor.families.parts import AttentionSlots, BlockParts, MlpSlots, Slot
 
 
 def _vit_class() -> type:
@@ -147,8 +148,8 @@ class TimmViT(Family):
         pe = self.model.patch_embed
         return (int(pe.proj.in_channels), *map(int, pe.img_size))
 
-    # --- hydra ------------------------------------------------------------------------------
-    def hydra_problems(self) -> list[str]:
+    # --- standard blocks, stem and head ----------------------------------------------------
+    def standard_block_problems(self) -> list[str]:
         from timm.layers import LayerNorm, Mlp
 
         where: dict[str, list[int]] = {}  # problem -> blocks that have it
@@ -176,7 +177,7 @@ class TimmViT(Family):
             problems.append(str(e))
         return problems
 
-    def hydra_ends(self) -> tuple[nn.Module, nn.Module]:
+    def stem_and_head(self) -> tuple[nn.Module, nn.Module]:
         return TimmStem(self.model), TimmHead(self.model)
 
     # --- export -----------------------------------------------------------------------------

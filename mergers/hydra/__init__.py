@@ -7,9 +7,10 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from compressor.errors import ExportError, OptionError, UnsupportedModelError
+from compressor.core.errors import ExportError, OptionError, UnsupportedModelError
+from compressor.core.masks import HeadMask
+from compressor.core.schema import Field, validate_mapping
 from compressor.families import Family
-from compressor.masks import HeadMask
 from compressor.plugins import Merger
 from mergers.hydra.build import build_hydra, hydra_problems
 from mergers.hydra.layers import GroupedLinear, HydraAttention, HydraMLP, SharedMLP
@@ -19,19 +20,29 @@ from mergers.hydra.model import MLP_MODES, HydraModel, HydraSpec
 class HydraMerger(Merger):
     """Fuse M head-pruned members into one module that runs them all in one forward pass."""
 
+    OPTIONS = {
+        "mlp": Field((str,), "average", choices=MLP_MODES, doc="how members' MLPs are fused"),
+        "mlp_keep_ratio": Field(
+            (int, float, type(None)),
+            None,
+            check=lambda v: None if v is None or 0 < v <= 1 else "a number in (0, 1]",
+            doc="mlp: pruned, masks without units: each member's share of MLP units",
+        ),
+    }
+
     def __init__(self, mlp: str = "average", mlp_keep_ratio: float | None = None) -> None:
-        if mlp not in MLP_MODES:
-            raise OptionError(f"mlp: expected one of {', '.join(MLP_MODES)}, got '{mlp}'")
-        if mlp_keep_ratio is not None and not (
-            isinstance(mlp_keep_ratio, (int, float))
-            and not isinstance(mlp_keep_ratio, bool)
-            and 0 < mlp_keep_ratio <= 1
-        ):
-            raise OptionError(f"mlp_keep_ratio: expected a number in (0, 1], got {mlp_keep_ratio!r}")
-        if mlp_keep_ratio is not None and mlp != "pruned":
-            raise OptionError(f"mlp_keep_ratio: only used with mlp: pruned, not '{mlp}'")
-        self.mlp = mlp
-        self.mlp_keep_ratio = mlp_keep_ratio
+        options = {"mlp": mlp, "mlp_keep_ratio": mlp_keep_ratio}
+        options = validate_mapping("hydra merger", "", options, self.OPTIONS, error=OptionError)
+        if options["mlp_keep_ratio"] is not None and options["mlp"] != "pruned":
+            raise OptionError(f"hydra merger: mlp_keep_ratio: only used with mlp: pruned, not '{mlp}'")
+        self.mlp = options["mlp"]
+        self.mlp_keep_ratio = options["mlp_keep_ratio"]
+
+    def honours_mlp_units(self) -> bool:
+        return self.mlp == "pruned"
+
+    def chooses_mlp_units(self) -> bool:
+        return self.mlp_keep_ratio is not None
 
     def check(self, family: Family) -> None:
         problems = hydra_problems(family)

@@ -11,10 +11,10 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from compressor.errors import OptionError, UnsupportedModelError
+from compressor.core.errors import OptionError, UnsupportedModelError
+from compressor.core.masks import HeadMask
 from compressor.families import Family, family_of
-from compressor.masks import HeadMask
-from compressor.mlp_units import with_top_units
+from compressor.surgery.mlp_units import with_top_units
 from mergers.hydra.layers import HydraAttention, MemberAffine, MemberLayerNorm, SharedMLP
 from mergers.hydra.model import MLP_MODES, HydraModel, HydraSpec
 
@@ -91,6 +91,13 @@ def _mlp_layout(
     """Per block, the MLP widths of the fused model, and which units each member keeps ('pruned':
     the units the masks name, else each member's top `keep_ratio` (default 1/M) by its own scores)."""
     widths, m = families[0].mlp_widths(), len(masks)
+    if mode != "pruned" and any(mask.units is not None for mask in masks):
+        raise OptionError(
+            f"mlp: '{mode}' runs every member's full MLP and would discard the MLP units the masks name; "
+            "use mlp: pruned (or masks without units)"
+        )
+    if keep_ratio is not None and all(mask.units is not None for mask in masks):
+        raise OptionError("mlp_keep_ratio: the masks already name each member's MLP units (chosen by the prune step)")
     if mode == "average":
         return [[w] for w in widths], None
     if mode == "grouped":
@@ -106,7 +113,7 @@ def _mlp_layout(
 
 def hydra_problems(family: Family) -> list[str]:
     """Why the fused model cannot reproduce this model (empty when it can)."""
-    problems = list(family.hydra_problems())
+    problems = list(family.standard_block_problems())
     if problems:
         return problems
     eps = {float(getattr(family.block_parts(b).norm1, "eps", -1)) for b in range(family.num_blocks)}
@@ -145,7 +152,7 @@ def build_hydra(
     for i, mask in enumerate(masks):
         mask.validate(heads_per_block, True, where=f"hydra merger: mask {i}", mlp_widths=families[0].mlp_widths())
     depth = families[0].num_blocks
-    ends = [f.hydra_ends() for f in families]
+    ends = [f.stem_and_head() for f in families]
     parts = [[f.block_parts(b) for f in families] for b in range(depth)]
     shared = {"stem": _same_state([e[0] for e in ends]), "head": _same_state([e[1] for e in ends])}
     for b in range(depth):
@@ -185,7 +192,7 @@ def build_hydra(
     ref = next(base.parameters())
     model = HydraModel(spec).to(dtype=ref.dtype, device=ref.device)
     _fill(model, families, ends, parts, masks, unit_keep)
-    model.mlp_kept = unit_keep  # which MLP units each member kept ('pruned' mode), for inspection
+    model.mlp_kept = unit_keep
     return model.train(base.training)
 
 

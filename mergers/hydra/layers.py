@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from compressor.core.errors import OptionError
+
 
 class GroupedLinear(nn.Module):
     """M independent Linear maps whose group widths may differ, computed as one batched matmul.
@@ -33,7 +35,7 @@ class GroupedLinear(nn.Module):
     ) -> None:
         super().__init__()
         if len(in_features) != len(out_features):
-            raise ValueError("in_features and out_features must list one width per member")
+            raise OptionError("in_features and out_features must list one width per member")
         m = len(in_features)
         i_max = max(in_features)
         in_mask = torch.arange(i_max)[None, :] < torch.as_tensor(list(in_features))[:, None]
@@ -56,7 +58,7 @@ class GroupedLinear(nn.Module):
         """Load member m from a Linear-style weight [out, in] (and bias [out])."""
         ins, outs = torch.nonzero(self.in_mask[m]).flatten(), torch.nonzero(self.out_mask[m]).flatten()
         if tuple(weight.shape) != (outs.numel(), ins.numel()):
-            raise ValueError(f"member {m}: expected weight [{outs.numel()}, {ins.numel()}], got {list(weight.shape)}")
+            raise OptionError(f"member {m}: expected weight [{outs.numel()}, {ins.numel()}], got {list(weight.shape)}")
         with torch.no_grad():
             self.weight[m].zero_()
             self.weight[m][ins[:, None], outs[None, :]] = weight.t().to(self.weight.dtype)

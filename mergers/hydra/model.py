@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass, field, fields
 import torch
 from torch import nn
 
-from compressor.errors import ExportError
+from compressor.core.errors import ExportError
 from compressor.families import family_class
-from compressor.outputs import EnsembleOutput
+from compressor.uq.outputs import EnsembleOutput
 from mergers.hydra.layers import (
     GroupedLinear,
     HydraAttention,
@@ -225,7 +225,7 @@ class HydraModel(nn.Module):
         self.spec = spec
         self.members = spec.members
         fam = family_class(spec.family)
-        stem, head = fam(fam.empty(spec.arch, depth=0)).hydra_ends()
+        stem, head = fam(fam.empty(spec.arch, depth=0)).stem_and_head()
         copies = lambda module, name: (
             [module]
             + [  # noqa: E731
@@ -236,6 +236,8 @@ class HydraModel(nn.Module):
         self.blocks = nn.ModuleList(HydraBlock(spec, i) for i in range(len(spec.heads)))
         self.heads = nn.ModuleList(copies(head, "head"))
         self._widest = widest_member_activation(self.blocks)
+        # per member, per block: the MLP units it kept ('pruned' mode; set by the builder), for inspection
+        self.mlp_kept: list[list[torch.Tensor]] | None = None
 
     def forward(self, inputs: torch.Tensor) -> EnsembleOutput:
         return EnsembleOutput.from_logits(self.forward_member_logits(inputs))

@@ -1,6 +1,6 @@
 """A third-party Pruner plugin, as a user would write it in their own package."""
 
-from compressor.masks import HeadMask
+from compressor.core.masks import HeadMask
 from pruners.base import Pruner
 
 

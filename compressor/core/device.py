@@ -1,0 +1,74 @@
+"""Where and in what precision a run computes: the recipe's `device` and `precision` keys.
+
+`device: auto` is CUDA when available (under torchrun, the rank's local GPU), else the CPU.
+`precision` is autocast around every forward pass of the run (training, scoring, evaluation,
+prediction): `bf16` on the CPU (AVX-512 BF16 where the CPU has it) or a GPU, `fp16` on a GPU
+(with gradient scaling when training); weights stay float32, so exports are float32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import torch
+
+from compressor.core.errors import InputError
+
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """'auto' | 'cpu' | 'cuda' | 'cuda:N' -> a torch.device that exists on this machine."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise InputError(f"device: expected auto, cpu, cuda or cuda:N, got '{name}'") from e
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InputError(f"device: '{name}' asked for, but no CUDA device is available (use cpu or auto)")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise InputError(f"device: '{name}' asked for, but only {torch.cuda.device_count()} CUDA devices exist")
+    elif device.type != "cpu":
+        raise InputError(f"device: expected auto, cpu, cuda or cuda:N, got '{name}'")
+    return device
+
+
+def check_precision(precision: str, device: torch.device) -> None:
+    if precision not in PRECISIONS:
+        raise InputError(f"precision: expected one of {', '.join(PRECISIONS)}, got '{precision}'")
+    if precision == "fp16" and device.type != "cuda":
+        raise InputError("precision: fp16 autocast needs a CUDA device; use bf16 (or fp32) on the CPU")
+
+
+@contextlib.contextmanager
+def precision_context(device: torch.device, precision: str) -> Iterator[None]:
+    """Autocast to `precision` on `device` for everything run inside (nothing for fp32)."""
+    dtype = PRECISIONS[precision]
+    if dtype is None:
+        yield
+        return
+    with torch.autocast(device_type=device.type, dtype=dtype):
+        yield
+
+
+def fp16_autocast() -> bool:
+    """True when running under CUDA fp16 autocast (training then scales the loss)."""
+    return torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") == torch.float16
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of the model's first parameter (CPU for a model without parameters)."""
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work (for timing); nothing on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

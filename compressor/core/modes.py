@@ -1,0 +1,19 @@
+"""Module train/eval mode helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from torch import nn
+
+
+@contextmanager
+def evaluating(model: nn.Module) -> Iterator[None]:
+    """`model` in eval mode inside the block, its previous mode restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)

@@ -1,0 +1,41 @@
+"""Weights on disk: safetensors only (never pickle), written atomically."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from compressor.core.errors import WeightsError
+from compressor.core.io import atomic_path
+
+__all__ = ["WeightsError", "load_weights", "save_weights"]
+
+
+def non_finite(state: dict[str, torch.Tensor]) -> list[str]:
+    """Names of the floating-point tensors of `state` holding NaN or infinity."""
+    return [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+
+
+def save_weights(state: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None) -> None:
+    """Save a state dict as safetensors (contiguous copies; shared tensors duplicated). Weights
+    holding NaN or infinity are refused (a diverged training must not reach a cache or an export)."""
+    bad = non_finite(state)
+    if bad:
+        raise WeightsError(f"{path}: refusing to save weights with NaN/inf values ({', '.join(bad[:3])}, ...)")
+    tensors = {k: v.detach().contiguous().clone() for k, v in state.items()}
+    with atomic_path(Path(path)) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
+
+
+def load_weights(path: str | Path, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """Load a safetensors file; errors name the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise WeightsError(f"{path}: no such weights file")
+    try:
+        return load_file(str(path), device=device)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise WeightsError(f"{path}: not a valid safetensors file ({e})") from e

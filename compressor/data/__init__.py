@@ -1,0 +1,57 @@
+"""Data: the `DataBundle` every step reads, and where it comes from.
+
+Sources: the embedded digits default (`digits`), a user's image folder (`images`), the bundled
+Rotten Tomatoes text sample (`text`), and validation outliers (`outliers`: never a test OOD set).
+Loaders are per-rank under torch.distributed (`bundle`). This layer sits above the model
+families (image transforms follow the model; text uses its tokenizer) and below everything that
+evaluates or trains.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from compressor.data.bundle import DataBundle, batches, bootstrap, loader, sharded_batches
+from compressor.data.digits import corrupt, digits_bundle, digits_preprocessing, photo_crops
+from compressor.data.images import image_folder_bundle, image_transforms
+
+
+def load_bundle(data_cfg: dict, model_name: str, model: torch.nn.Module | None = None) -> DataBundle:
+    """The recipe's data: digits, a user's image folder (transforms follow `model`), or the
+    bundled text sample tokenised for transformers model `model_name`."""
+    if data_cfg["source"] == "digits":
+        return digits_bundle(
+            img_size=data_cfg["img_size"] or 16, in_classes=data_cfg["in_classes"], seed=data_cfg["seed"]
+        )
+    if data_cfg["source"] == "text":
+        from compressor.data.text import text_bundle
+
+        return text_bundle(
+            model_name, data_cfg["max_length"], seed=data_cfg["seed"], ood_val_file=data_cfg["ood_val_file"]
+        )
+    overrides = {k: data_cfg[k] for k in ("img_size", "mean", "std", "interpolation", "crop_pct")}
+    return image_folder_bundle(
+        data_cfg["root"],
+        model,
+        data_cfg["ood_roots"],
+        seed=data_cfg["seed"],
+        ood_val_roots=data_cfg["ood_val_roots"],
+        overrides=overrides,
+        augment=data_cfg["augment"],
+    )
+
+
+__all__ = [
+    "DataBundle",
+    "batches",
+    "bootstrap",
+    "corrupt",
+    "digits_bundle",
+    "digits_preprocessing",
+    "image_folder_bundle",
+    "image_transforms",
+    "load_bundle",
+    "loader",
+    "photo_crops",
+    "sharded_batches",
+]

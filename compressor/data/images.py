@@ -1,0 +1,98 @@
+"""A user's image folder (`root/train/<class>/*`, `root/val/<class>/*`), read with torchvision and
+preprocessed as the model expects (timm's data config of the model, the recipe's overrides)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch.utils.data import ConcatDataset, Subset
+
+from compressor.data.bundle import DataBundle, Unlabelled, split_indices
+from compressor.data.outliers import shuffle_patches, synthetic_outliers
+
+
+def image_transforms(model: torch.nn.Module, overrides: dict | None = None, augment: str = "light"):
+    """(eval transform, train transform, data config) for a user's images: the timm data config
+    of the model, with the input size the model actually takes (its family knows it) and the
+    recipe's overrides (img_size, mean, std, interpolation, crop_pct).
+
+    augment: 'none' (the eval transform), 'light' (flips and small shifted crops; for images of
+    64 px and more, a random resized crop of 50-100% of the area) or 'timm' (timm's ImageNet
+    training augmentation, meant for large images).
+    """
+    import timm.data
+    from torchvision import transforms as T
+
+    from compressor.families import family_of
+
+    cfg = dict(timm.data.resolve_data_config({}, model=model))
+    size = family_of(model).input_size()
+    if size is not None:
+        cfg["input_size"] = tuple(size)
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if key == "img_size":
+            cfg["input_size"] = (cfg["input_size"][0], int(value), int(value))
+        else:
+            cfg[key] = tuple(value) if isinstance(value, list) else value
+    tf_eval = timm.data.create_transform(**cfg, is_training=False)
+    if augment == "none":
+        return tf_eval, tf_eval, cfg
+    if augment == "timm":
+        return tf_eval, timm.data.create_transform(**cfg, is_training=True), cfg
+    side = int(cfg["input_size"][-1])
+    crop = (
+        T.RandomCrop(side, padding=max(1, side // 8), padding_mode="reflect")
+        if side < 64
+        else T.RandomResizedCrop(side, scale=(0.5, 1.0), interpolation=T.InterpolationMode(cfg["interpolation"]))
+    )
+    resize = T.Resize((side, side), interpolation=T.InterpolationMode(cfg["interpolation"]))
+    normalize = T.Normalize(cfg["mean"], cfg["std"])
+    return tf_eval, T.Compose([resize, crop, T.RandomHorizontalFlip(), T.ToTensor(), normalize]), cfg
+
+
+def image_folder_bundle(
+    root: str,
+    model: torch.nn.Module,
+    ood_roots: Sequence[str] = (),
+    val_fraction: float = 0.1,
+    seed: int = 0,
+    ood_val_roots: Sequence[str] = (),
+    overrides: dict | None = None,
+    augment: str = "light",
+) -> DataBundle:
+    """A user's image folder (`root/train/<class>/*`, `root/val/<class>/*`) read with torchvision.
+
+    Transforms follow the model (`image_transforms`). `ood_roots` are folders of images (any class
+    layout) used as test OOD sets; `ood_val_roots` folders of validation outliers (default:
+    patch-shuffled held-out images).
+    """
+    from torchvision.datasets import ImageFolder
+
+    tf_eval, tf_train, cfg = image_transforms(model, overrides, augment)
+    root_p = Path(root)
+    train = ImageFolder(str(root_p / "train"), transform=tf_train)
+    test = ImageFolder(str(root_p / "val"), transform=tf_eval)
+    val_idx, tr_idx = split_indices(len(train), (val_fraction, 1 - val_fraction), seed)
+    val_full = ImageFolder(str(root_p / "train"), transform=tf_eval)
+    ood = {Path(r).name: Unlabelled(ImageFolder(r, transform=tf_eval)) for r in ood_roots}
+    val = Subset(val_full, val_idx.tolist())
+    if ood_val_roots:
+        ood_val = ConcatDataset([Unlabelled(ImageFolder(r, transform=tf_eval)) for r in ood_val_roots])
+    else:
+        ood_val = synthetic_outliers(torch.stack([val[i][0] for i in range(len(val))]), shuffle_patches, seed)
+    return DataBundle(
+        train=Subset(train, tr_idx.tolist()),
+        val=val,
+        test=test,
+        ood=ood,
+        class_names=list(train.classes),
+        in_chans=int(cfg["input_size"][0]),
+        img_size=int(cfg["input_size"][-1]),
+        ood_val=ood_val,
+        make_outliers=shuffle_patches,
+        preprocessing={"kind": "image", **{k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}},
+    )

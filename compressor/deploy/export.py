@@ -1,0 +1,254 @@
+"""Export a compressed model to a folder, and load it back with one call and no recipe.
+
+A folder holds `model.safetensors` (weights, never pickle), `config.json` (which merger built
+the model and its architecture, the masks, class names and library versions) and `masks.json`;
+a merger may add more (the plain merger adds a copy transformers loads on its own). The folder
+is written under a temporary name and renamed into place, so an interrupted export leaves no
+half-written folder. The merger that built a model describes and rebuilds it; an export names
+its merger by registered name only (never an import path).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from compressor.core.errors import ExportError, PluginError, WeightsError
+from compressor.core.io import atomic_dir, json_text
+from compressor.core.masks import HeadMask, save_masks
+from compressor.core.registry import names, resolve
+from compressor.core.schema import Field, validate_mapping
+from compressor.core.weights import load_weights, save_weights
+from compressor.uq.calibration import TEMPERATURE_SCOPES, Calibrated
+from compressor.uq.scores import OOD_SCORES
+
+FORMAT = "compressor.deploy.export/2"
+
+
+def library_versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for pkg in ("compressor", "torch", "timm", "transformers", "safetensors"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def owning_merger(model: nn.Module) -> str:
+    """The registered merger whose models `model` is (the hydra merger's fused models first)."""
+    for name in names("merger"):
+        if resolve("merger", name).owns(model):
+            return name
+    raise ExportError(f"no registered merger describes a {type(model).__name__}")
+
+
+def export_model(
+    model: nn.Module,
+    out_dir: str | Path,
+    masks: Sequence[HeadMask] | None = None,
+    class_names: Sequence[str] = (),
+    onnx_input: torch.Tensor | None = None,
+    merger: str | None = None,
+    preprocessing: dict | None = None,
+) -> Path:
+    """Write the export folder for `model` (built by `merger`, found by `owning_merger` if None).
+
+    `preprocessing` (a DataBundle's) says how raw inputs become model inputs: a timm data config
+    for images, or a tokenizer (its files are copied into the export) and a max length for text.
+    """
+    out_dir = Path(out_dir)
+    calibration = None
+    if isinstance(model, Calibrated):  # the weights are the inner model's; the calibration is config
+        model, calibration = model.model, model.config()
+    name = merger if merger is not None and ":" not in merger else owning_merger(model)
+    merger_cls = resolve("merger", name)
+    config = {
+        "format": FORMAT,
+        "kind": name,
+        **merger_cls.describe(model),
+        "class_names": list(class_names),
+        "calibration": calibration,
+        "preprocessing": _portable(preprocessing),
+        "versions": library_versions(),
+        "masks": [m.to_dict() for m in masks] if masks else None,
+    }
+    with atomic_dir(out_dir) as tmp:
+        save_weights(model.state_dict(), tmp / "model.safetensors", metadata={"format": FORMAT})
+        config["weights_sha256"] = sha256(tmp / "model.safetensors")
+        (tmp / "config.json").write_text(json_text(config))
+        if masks:
+            save_masks(tmp / "masks.json", masks)
+        merger_cls.write_extras(model, tmp, masks or [])
+        _write_processors(tmp, preprocessing)
+        if onnx_input is not None:
+            from compressor.deploy.onnx_export import export_onnx
+
+            export_onnx(model, onnx_input, tmp / "model.onnx")
+    return out_dir
+
+
+def _write_processors(folder: Path, preprocessing: dict | None) -> None:
+    """The input processing as its library saves it: a text model's tokenizer (in `tokenizer/`,
+    and beside any transformers copy), an image processor beside a transformers image model."""
+    if not preprocessing:
+        return
+    hf_dirs = [folder / d for d in ("hf_encoder", "hf_model") if (folder / d).is_dir()]
+    if preprocessing.get("kind") == "text":
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(preprocessing["tokenizer"])
+        for target in [folder / "tokenizer", *hf_dirs]:
+            tok.save_pretrained(str(target))
+    elif hf_dirs:
+        from transformers import ViTImageProcessor
+
+        c, h, w = preprocessing["input_size"]
+        resample = {"bilinear": 2, "bicubic": 3, "nearest": 0}.get(preprocessing.get("interpolation"), 2)
+        processor = ViTImageProcessor(
+            size={"height": h, "width": w},
+            image_mean=list(preprocessing["mean"]),
+            image_std=list(preprocessing["std"]),
+            resample=resample,
+        )
+        for target in hf_dirs:
+            processor.save_pretrained(str(target))
+
+
+def _portable(preprocessing: dict | None) -> dict | None:
+    """The preprocessing as the export records it (a text model's tokenizer: the export's copy)."""
+    if not preprocessing:
+        return None
+    return {**preprocessing, "tokenizer": "tokenizer"} if preprocessing.get("kind") == "text" else dict(preprocessing)
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _positive_list(v: list) -> str | None:
+    ok = v and all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < 1e6 for t in v)
+    return None if ok else "a list of positive numbers"
+
+
+def _ood(v: dict) -> str | None:
+    ok = not v or (v.get("score") in OOD_SCORES and isinstance(v.get("threshold"), (int, float)))
+    return None if ok else f"a score ({', '.join(OOD_SCORES)}) and a threshold"
+
+
+CALIBRATION_SCHEMA = {
+    "temperature": Field((list,), required=True, check=_positive_list),
+    # exports written before the scope was recorded applied their temperatures per member
+    "temperature_scope": Field((str,), "member", choices=TEMPERATURE_SCOPES),
+    "ood": Field((dict, type(None)), None, check=lambda v: _ood(v or {})),
+}
+CONFIG_SCHEMA = {
+    "format": Field((str,), required=True),
+    "kind": Field((str,), required=True, doc="a registered merger name"),
+    "class_names": Field(
+        (list,), [], check=lambda v: None if all(isinstance(c, str) for c in v) else "a list of strings"
+    ),
+    "masks": Field((list, type(None)), None),
+    "calibration": Field((dict, type(None)), None),
+    "preprocessing": Field((dict, type(None)), None),
+    "weights_sha256": Field((str, type(None)), None),
+}
+
+
+def _check_config(cfg: dict, cfg_path: Path) -> dict:
+    """`cfg` checked against CONFIG_SCHEMA (unknown keys kept: each merger reads its own); the
+    calibration block normalised (its scope filled in)."""
+    cfg = validate_mapping(str(cfg_path), "", cfg, CONFIG_SCHEMA, extra_ok=True, error=ExportError)
+    if cfg["calibration"]:
+        cal = validate_mapping(str(cfg_path), "calibration", cfg["calibration"], CALIBRATION_SCHEMA, error=ExportError)
+        if cal["temperature_scope"] == "ensemble" and len(cal["temperature"]) != 1:
+            raise ExportError(f"{cfg_path}: calibration.temperature: expected one temperature for scope 'ensemble'")
+        cfg["calibration"] = cal
+    return cfg
+
+
+def _read_config(path: Path) -> dict:
+    cfg_path = path / "config.json"
+    if not cfg_path.is_file():
+        raise ExportError(f"{cfg_path}: missing; expected an export folder written by the export step")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ExportError(f"{cfg_path}: not valid JSON ({e})") from e
+    if not isinstance(cfg, dict) or cfg.get("format") != FORMAT:
+        got = cfg.get("format") if isinstance(cfg, dict) else cfg
+        raise ExportError(f"{cfg_path}: format: expected '{FORMAT}', got {got!r}")
+    return cfg
+
+
+def load_export(path: str | Path, map_location: str = "cpu") -> nn.Module:
+    """Rebuild the exported model (eval mode) from its folder; no recipe, no pickle."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ExportError(f"{path}: no such export folder")
+    cfg_path = path / "config.json"
+    cfg = _check_config(_read_config(path), cfg_path)
+    if cfg.get("masks") is not None and (path / "masks.json").is_file():
+        from compressor.core.masks import load_masks
+
+        listed = [HeadMask.from_dict(m, where=f"{cfg_path}: masks[{i}]") for i, m in enumerate(cfg["masks"])]
+        if load_masks(path / "masks.json") != listed:
+            raise ExportError(f"{path / 'masks.json'}: differs from the masks config.json records")
+    kind = cfg.get("kind")
+    if not isinstance(kind, str) or ":" in kind:
+        raise ExportError(f"{cfg_path}: kind: expected a registered merger name, got {kind!r}")
+    try:
+        model = resolve("merger", kind).rebuild(cfg)
+    except PluginError as e:
+        raise ExportError(f"{cfg_path}: kind: {e}") from e
+    except ExportError as e:
+        raise ExportError(f"{cfg_path}: {e}") from e
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ExportError(f"{cfg_path}: does not describe a {kind} model ({type(e).__name__}: {e})") from e
+    state = load_weights(path / "model.safetensors", device=map_location)
+    expected = cfg.get("weights_sha256")
+    if expected and sha256(path / "model.safetensors") != expected:
+        raise WeightsError(
+            f"{path / 'model.safetensors'}: content differs from config.json's weights_sha256 (modified?)"
+        )
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise WeightsError(f"{path / 'model.safetensors'}: weights do not fit config.json ({e})") from e
+    try:
+        resolve("merger", kind).verify(model)
+    except ExportError as e:
+        raise ExportError(f"{path / 'model.safetensors'}: {e}") from e
+    calibration = cfg.get("calibration")
+    if calibration:
+        scope = calibration["temperature_scope"]
+        model = Calibrated(model, torch.tensor(calibration["temperature"]), calibration["ood"], scope)
+    model.class_names = cfg.get("class_names") or []
+    model.preprocessing = _attach_preprocessing(model, cfg.get("preprocessing"), path)
+    return model.to(map_location).eval()
+
+
+def _attach_preprocessing(model: nn.Module, preprocessing: dict | None, path: Path) -> dict:
+    """The recorded preprocessing, with a text model's tokenizer at its place in the export; an
+    image model's settings also go into `pretrained_cfg`, where timm.data.resolve_data_config
+    reads them."""
+    if not preprocessing:
+        return {}
+    if preprocessing.get("kind") == "text":
+        return {**preprocessing, "tokenizer": str(path / str(preprocessing.get("tokenizer", "tokenizer")))}
+    target = model.model if isinstance(model, Calibrated) else model
+    settings = {k: tuple(v) if isinstance(v, list) else v for k, v in preprocessing.items() if k != "kind"}
+    for m in {id(model): model, id(target): target}.values():
+        m.pretrained_cfg = {**(getattr(m, "pretrained_cfg", None) or {}), **settings}
+    return dict(preprocessing)

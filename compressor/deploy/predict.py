@@ -1,0 +1,187 @@
+"""Per-sample predictions with uncertainty on new inputs, from an export: `compressor predict`.
+
+Inputs: for image models a folder of images (searched recursively) or a text file listing image
+paths; for text models a text file (one sentence per line) or JSONL (a "text" field per line).
+They are turned into model inputs by the export's recorded preprocessing (a timm data config,
+or the export's tokenizer). Each sample gets the predicted class and its probability, the top-k,
+the max-softmax probability and the entropy, and for ensembles the mutual information, the share
+of members that disagree with the ensemble and every member's prediction; `ood` is true when the
+export's stored threshold (set by the calibrate step) flags the sample.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from compressor.core.errors import InputError
+from compressor.core.io import json_text
+from compressor.uq.calibration import Calibrated
+from compressor.uq.outputs import ensemble_probs, logits_reader
+from compressor.uq.scores import ood_score
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
+
+
+def _image_paths(inputs: Path) -> list[Path]:
+    if inputs.is_dir():
+        paths = sorted(p for p in inputs.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+    else:
+        lines = [line.strip() for line in inputs.read_text(encoding="utf-8").splitlines() if line.strip()]
+        paths = [(inputs.parent / line) if not Path(line).is_absolute() else Path(line) for line in lines]
+        missing = [str(p) for p in paths if not p.is_file()]
+        if missing:
+            raise InputError(f"{inputs}: lists {len(missing)} missing image files, e.g. {missing[0]}")
+    if not paths:
+        raise InputError(f"{inputs}: no image files ({', '.join(sorted(IMAGE_SUFFIXES))})")
+    return paths
+
+
+def _texts(inputs: Path) -> list[str]:
+    if inputs.is_dir():
+        raise InputError(f"{inputs}: a text model expects a .txt file (one sentence per line) or .jsonl, not a folder")
+    lines = [line for line in inputs.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if inputs.suffix.lower() != ".jsonl":
+        return [line.strip() for line in lines]
+    texts = []
+    for i, line in enumerate(lines):
+        try:
+            row = json.loads(line)
+            texts.append(str(row["text"]))
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise InputError(f"{inputs}: line {i + 1}: expected a JSON object with a 'text' field") from e
+    return texts
+
+
+def _batches(model: nn.Module, inputs: Path, batch_size: int) -> Iterator[tuple[list[str], torch.Tensor]]:
+    """(names, model inputs) batches, made by the export's recorded preprocessing."""
+    prep = getattr(model, "preprocessing", None) or {}
+    if prep.get("kind") == "text":
+        from transformers import AutoTokenizer
+
+        texts = _texts(inputs)
+        tok = AutoTokenizer.from_pretrained(prep["tokenizer"])
+        for i in range(0, len(texts), batch_size):
+            chunk = texts[i : i + batch_size]
+            ids = tok(chunk, padding="max_length", truncation=True, max_length=prep["max_length"], return_tensors="pt")
+            yield chunk, ids["input_ids"]
+        return
+    if prep.get("kind") != "image":
+        raise InputError("export: config.json records no preprocessing; re-export it with this version")
+    import timm.data
+    from PIL import Image
+
+    settings = {k: (tuple(v) if isinstance(v, list) else v) for k, v in prep.items() if k != "kind"}
+    transform = timm.data.create_transform(**settings, is_training=False)
+    mode = "L" if settings["input_size"][0] == 1 else "RGB"
+    paths = _image_paths(inputs)
+    for i in range(0, len(paths), batch_size):
+        chunk = paths[i : i + batch_size]
+        images = []
+        for p in chunk:
+            try:
+                with Image.open(p) as im:
+                    images.append(transform(im.convert(mode)))
+            except OSError as e:
+                raise InputError(f"{p}: not a readable image ({e})") from e
+        yield [str(p) for p in chunk], torch.stack(images)
+
+
+def _rows(
+    names: Sequence[str], logits: torch.Tensor, mean: torch.Tensor, classes: Sequence[str], ood: dict, top_k: int
+) -> list[dict]:
+    """One row per input from member logits [M, B] and the ensemble prediction `mean` [B, C]
+    (scores in float64, as the calibrate step computed the threshold)."""
+    probs = logits.double().softmax(-1)  # [M, B, C]
+    mean = mean.double()
+    conf, pred = mean.max(-1)
+    top = mean.topk(min(top_k, mean.shape[-1]), dim=-1)
+    entropy = ood_score(probs, "entropy", mean)
+    ensemble = probs.shape[0] > 1
+    mi = ood_score(probs, "mi") if ensemble else None
+    member_pred = probs.argmax(-1)  # [M, B]
+    score = ood_score(probs, ood["score"], mean) if ood else None
+    name = lambda c: classes[c] if c < len(classes) else str(c)  # noqa: E731
+    rows = []
+    for i, n in enumerate(names):
+        row: dict[str, Any] = {
+            "input": n,
+            "prediction": name(int(pred[i])),
+            "probability": round(float(conf[i]), 6),
+            "top_k": [[name(int(c)), round(float(p), 6)] for p, c in zip(top.values[i], top.indices[i])],
+            "max_softmax": round(float(conf[i]), 6),
+            "entropy": round(float(entropy[i]), 6),
+        }
+        if ensemble:
+            row["mutual_information"] = round(float(mi[i]), 6)
+            row["disagreement"] = round(float((member_pred[:, i] != pred[i]).float().mean()), 6)
+            row["member_predictions"] = [name(int(c)) for c in member_pred[:, i]]
+        row["ood_score"] = None if score is None else round(float(score[i]), 6)
+        row["ood"] = None if score is None else bool(score[i] > ood["threshold"])
+        rows.append(row)
+    return rows
+
+
+@torch.no_grad()
+def predict_inputs(
+    model: nn.Module | str | Path,
+    inputs: str | Path,
+    batch_size: int = 64,
+    top_k: int = 3,
+    device: str = "cpu",
+    progress: bool = False,
+) -> list[dict]:
+    """Per-sample predictions (dicts with the fields the module docstring lists) for `inputs`,
+    from an export folder or a model `compressor.load` returned."""
+    if not isinstance(model, nn.Module):
+        from compressor.deploy.export import load_export
+
+        model = load_export(model, map_location=device)
+    inputs = Path(inputs)
+    if not inputs.exists():
+        raise InputError(f"{inputs}: no such file or folder")
+    model = model.to(device).eval()
+    read = logits_reader(model)
+    ood = model.ood if isinstance(model, Calibrated) else {}
+    classes = list(getattr(model, "class_names", []) or [])
+    rows: list[dict] = []
+    for names, x in tqdm(list(_batches(model, inputs, batch_size)), desc="predict", disable=not progress):
+        out = model(x.to(device))
+        logits = read(out)
+        rows += _rows(names, logits, ensemble_probs(out, logits), classes, ood, top_k)
+    return rows
+
+
+def write_predictions(rows: list[dict], out: Path | None) -> str:
+    """Rows as JSONL (out ends with .jsonl) or CSV (lists joined with ';'); written to `out`
+    atomically, or returned as text when `out` is None."""
+    if out is not None and out.suffix.lower() == ".jsonl":
+        text = "".join(json_text(r, indent=None) + "\n" for r in rows)
+    else:
+        buf = io.StringIO()
+        fields = list(rows[0]) if rows else ["input"]
+        writer = csv.DictWriter(buf, fieldnames=fields)
+        writer.writeheader()
+        for r in rows:
+            writer.writerow(
+                {
+                    k: ";".join(":".join(map(str, x)) if isinstance(x, list) else str(x) for x in v)
+                    if isinstance(v, list)
+                    else v
+                    for k, v in r.items()
+                }
+            )
+        text = buf.getvalue()
+    if out is not None:
+        from compressor.core.io import atomic_write_text
+
+        atomic_write_text(out, text)
+    return text

@@ -1,0 +1,117 @@
+"""The calibrate step: a checked temperature and an OOD threshold, fitted on the held-out split.
+
+The temperature is kept only when it lowers the held-out NLL on data the fit did not see
+(cross-fitting), never below 1 without enough held-out errors, within bounds; the OOD threshold
+is refused when it would accept every held-out and every validation-outlier input. The report
+line says what was decided and why.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from compressor.core.errors import InputError
+from compressor.core.schema import NUM, Field
+from compressor.run.context import RunContext
+from compressor.run.steps.base import needs_earlier, register_step
+from compressor.uq.calibration import (
+    CHECK_FOLDS,
+    Calibrated,
+    TemperatureFit,
+    calibrated_probs,
+    checked_ood_threshold,
+    fit_checked_temperature,
+)
+from compressor.uq.inference import predict_logits
+from compressor.uq.metrics import accuracy, ece, nll
+from compressor.uq.scores import OOD_SCORES, ood_score
+
+SCHEMA = {
+    "temperature": Field((bool,), True, doc="fit temperature scaling on the held-out split (kept only if it helps)"),
+    "per_member": Field(
+        (bool,), False, doc="ensembles: one temperature per member (default: one on the ensemble's log-probabilities)"
+    ),
+    "ood_score": Field((str,), "msp", choices=OOD_SCORES, doc="score the stored OOD threshold applies to"),
+    "ood_tpr": Field(NUM, 0.95, check=lambda v: None if 0 < v < 1 else "a number in (0, 1)"),
+}
+
+
+def _scores(logits: torch.Tensor, temperature: torch.Tensor, scope: str, score: str) -> torch.Tensor:
+    """OOD scores in float64 of the calibrated model, as `Calibrated` and `predict` compute them."""
+    logits = logits.double()
+    members = logits / temperature.double().view(-1, 1, 1) if scope == "member" else logits
+    return ood_score(members.softmax(-1), score, calibrated_probs(logits, temperature, scope))
+
+
+def _line(fit: TemperatureFit | None, report: dict, ood: dict, notes: list[str]) -> str:
+    b, a = report["before"], report["after"]
+    if fit is None:
+        head = "temperature not fitted (temperature: false)"
+    else:
+        temps = ", ".join(f"{t:.2f}" for t in fit.temperature.tolist())
+        fitted = ", ".join(f"{t:.2f}" for t in fit.fitted)
+        head = (
+            f"temperature {temps} ({fit.scope}; fitted {fitted}, {'kept' if fit.kept else 'not kept'}); "
+            f"{fit.errors} held-out errors of {fit.samples}; held-out NLL on data the fit did not see "
+            f"({CHECK_FOLDS}-fold cross-fit) {fit.nll_before:.3f} -> {fit.nll_after:.3f}"
+        )
+    threshold = (
+        f"OOD threshold ({ood['score']}, keeps {ood['tpr']:.0%} of held-out) {ood['threshold']:.4f}"
+        if ood
+        else "no OOD threshold stored"
+    )
+    change = f"ECE {b['ece']:.3f} -> {a['ece']:.3f}, accuracy {b['accuracy']:.3f} -> {a['accuracy']:.3f}"
+    line = f"{head}; {change}; {threshold}"
+    return line + "".join(f"; {n}" for n in notes)
+
+
+@register_step("calibrate", SCHEMA, check=needs_earlier("merge"))
+def calibrate(ctx: RunContext, cfg: dict) -> None:
+    """Fit a checked temperature and the OOD threshold that keeps `ood_tpr` of held-out samples."""
+    model = ctx.merged.model if isinstance(ctx.merged, Calibrated) else ctx.merged
+    batch_size = ctx.recipe.data["batch_size"]
+    logits, labels = predict_logits(model, ctx.data.val, batch_size)
+    if cfg["ood_score"] == "mi" and logits.shape[0] < 2:
+        raise InputError("calibrate.ood_score: 'mi' needs an ensemble (the merged model has one member)")
+    scope = "member" if cfg["per_member"] else "ensemble"
+    fit = (
+        fit_checked_temperature(logits, labels, cfg["per_member"], seed=ctx.recipe.seed) if cfg["temperature"] else None
+    )
+    temperature = fit.temperature if fit is not None else torch.ones(1)
+    scores = _scores(logits, temperature, scope, cfg["ood_score"])
+    outliers = None
+    if ctx.data.ood_val is not None:
+        outlier_logits, _ = predict_logits(model, ctx.data.ood_val, batch_size)
+        outliers = _scores(outlier_logits, temperature, scope, cfg["ood_score"])
+    threshold, ood_notes = checked_ood_threshold(scores, cfg["ood_tpr"], outliers)
+    ood = {} if threshold is None else {"score": cfg["ood_score"], "tpr": float(cfg["ood_tpr"]), "threshold": threshold}
+    ctx.merged = Calibrated(model, temperature, ood, scope)
+    report = {
+        name: {"accuracy": accuracy(p, labels), "nll": nll(p, labels), "ece": ece(p, labels)}
+        for name, p in (
+            ("before", calibrated_probs(logits.double(), torch.ones(1), scope)),
+            ("after", calibrated_probs(logits.double(), temperature, scope)),
+        )
+    }
+    notes = (fit.notes if fit is not None else []) + ood_notes
+    ctx.log["calibrate"] = {
+        "temperature": temperature.tolist(),
+        "scope": scope,
+        "ood": ood,
+        "notes": notes,
+        **report,
+        **(
+            {}
+            if fit is None
+            else {
+                "fitted": fit.fitted,
+                "kept": fit.kept,
+                "heldout_errors": fit.errors,
+                "heldout_samples": fit.samples,
+                "crossfit_nll": {"before": fit.nll_before, "after": fit.nll_after},
+            }
+        ),
+    }
+    line = _line(fit, report, ood, notes)
+    ctx.outcomes["calibrate"] = line
+    ctx.say(f"calibrate: {line}")

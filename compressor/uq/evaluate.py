@@ -1,0 +1,183 @@
+"""The evaluate step: accuracy, calibration and OOD metrics for every model, side by side."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from compressor.core.device import model_device, synchronize
+from compressor.core.io import atomic_write_text, json_text
+from compressor.core.modes import evaluating
+from compressor.data.bundle import DataBundle
+from compressor.uq.inference import predict
+from compressor.uq.metrics import classification_report, ood_report
+
+SUMMARY_COLUMNS = [
+    ("acc", "accuracy"),
+    ("NLL", "nll"),
+    ("Brier", "brier"),
+    ("ECE", "ece"),
+    ("aECE", "adaptive_ece"),
+    ("AUROC", "auroc_msp"),
+    ("AUPR", "aupr_msp"),
+    ("FPR95", "fpr95_msp"),
+    ("AUROC(MI)", "auroc_mi"),
+    ("AUROC near", "auroc_near"),
+    ("AUROC far", "auroc_far"),
+    ("AURC", "aurc"),
+    ("disagree", "disagreement"),
+    ("shift acc", "shift_accuracy"),
+    ("shift NLL", "shift_nll"),
+    ("shift ECE", "shift_ece"),
+    ("params", "params"),
+    ("params x", "params_ratio"),
+    ("MFLOPs", "mflops"),
+    ("FLOPs x", "flops_ratio"),
+    ("latency x", "latency_ratio"),
+]
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@torch.no_grad()
+def flops_per_sample(model: nn.Module, x: torch.Tensor) -> float:
+    """FLOPs of one forward pass per sample, counted by torch.utils.flop_counter.FlopCounterMode
+    (matrix multiplications, convolutions and attention; elementwise work is not counted)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with evaluating(model), FlopCounterMode(display=False) as counter:
+        model(x.to(model_device(model)))
+    return counter.get_total_flops() / len(x)
+
+
+@torch.no_grad()
+def median_latency(model: nn.Module, x: torch.Tensor, repeats: int = 7) -> float:
+    """Median wall time of a forward pass over `repeats` (after one warm-up), GPU work waited for."""
+    model.eval()
+    device = model_device(model)
+    x = x.to(device)
+    model(x)
+    times = []
+    for _ in range(repeats):
+        synchronize(device)
+        t0 = time.perf_counter()
+        model(x)
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def evaluate_model(model: nn.Module, data: DataBundle, batch_size: int = 256, keep: dict | None = None) -> dict:
+    """Test, OOD and shift metrics of one model (ensemble metrics from its own ensemble prediction,
+    which is calibrated where the model is; diversity from its member probabilities).
+
+    `keep`, when given, receives the ensemble probabilities behind them (for plots): keep["test"] =
+    (probs, labels), keep["ood"][name] = probs.
+    """
+    test = predict(model, data.test, batch_size)
+    out: dict = {
+        "test": classification_report(test.member_probs, test.labels, test.probs),
+        "ood": {},
+        "shift": {},
+        "ood_kind": data.ood_kinds,
+    }
+    if keep is not None:
+        keep["test"], keep["ood"] = (test.probs, test.labels), {}
+    for name, ds in data.ood.items():
+        outside = predict(model, ds, batch_size)
+        out["ood"][name] = ood_report(test.member_probs, outside.member_probs, test.probs, outside.probs)
+        if keep is not None:
+            keep["ood"][name] = outside.probs
+    for name, ds in data.shift.items():
+        shifted = predict(model, ds, batch_size)
+        out["shift"][name] = classification_report(shifted.member_probs, shifted.labels, shifted.probs)
+    return out
+
+
+def summarize(result: dict) -> dict[str, float]:
+    """One row per model: test metrics, OOD metrics averaged over OOD sets, shift averages."""
+    row = dict(result["test"])
+    if result["ood"]:
+        keys = next(iter(result["ood"].values())).keys()
+        for k in keys:
+            row[k] = float(np.mean([r[k] for r in result["ood"].values()]))
+        kinds = result.get("ood_kind") or {}
+        for kind in ("near", "far"):
+            sets = [r for name, r in result["ood"].items() if kinds.get(name) == kind]
+            for k in ("auroc_msp", "fpr95_msp"):
+                if sets:
+                    row[f"{k.split('_')[0]}_{kind}"] = float(np.mean([r[k] for r in sets]))
+    if result["shift"]:
+        row["shift_accuracy"] = float(np.mean([r["accuracy"] for r in result["shift"].values()]))
+        row["shift_nll"] = float(np.mean([r["nll"] for r in result["shift"].values()]))
+        row["shift_ece"] = float(np.mean([r["ece"] for r in result["shift"].values()]))
+    for k in ("params", "params_ratio", "mflops", "flops_ratio", "latency_ratio"):
+        if k in result:
+            row[k] = result[k]
+    return row
+
+
+def markdown_table(rows: dict[str, dict[str, float]], std: dict[str, dict[str, float]] | None = None) -> str:
+    """Models as rows, SUMMARY_COLUMNS as columns (mean ± std where `std` is given)."""
+    cols = [(h, k) for h, k in SUMMARY_COLUMNS if any(k in r for r in rows.values())]
+    lines = ["| model | " + " | ".join(h for h, _ in cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for name, r in rows.items():
+        cells = []
+        for _, k in cols:
+            v = r.get(k)
+            if v is None:
+                cells.append("")
+            elif k == "params":
+                cells.append(f"{v / 1e6:.2f}M")
+            else:
+                s = f"{v:.2f}" if k in ("latency_ratio", "params_ratio", "flops_ratio", "mflops") else f"{v:.3f}"
+                if std and name in std and k in std[name]:
+                    s += f" ± {std[name][k]:.3f}"
+                cells.append(s)
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def evaluate_models(
+    models: dict[str, nn.Module],
+    data: DataBundle,
+    out_dir: Path,
+    batch_size: int = 256,
+    reference: str | None = None,
+    write: bool = True,
+) -> dict:
+    """Evaluate every model; write metrics.json and metrics.md under `out_dir` (if `write`); return them."""
+    results, arrays = {}, {}
+    x = next(iter(torch.utils.data.DataLoader(data.test, batch_size=64)))[0]
+    latencies = {}
+    for name, model in models.items():
+        arrays[name] = {}
+        res = evaluate_model(model, data, batch_size, keep=arrays[name])
+        res["params"] = count_params(model)
+        res["mflops"] = flops_per_sample(model, x[:16]) / 1e6
+        latencies[name] = median_latency(model, x)
+        results[name] = res
+    ref = reference if reference in latencies else next(iter(latencies))
+    for name, res in results.items():
+        res["latency_ratio"] = latencies[name] / latencies[ref]
+        res["params_ratio"] = res["params"] / results[ref]["params"]
+        res["flops_ratio"] = res["mflops"] / results[ref]["mflops"]
+    rows = {name: summarize(r) for name, r in results.items()}
+    table = markdown_table(rows)
+    if not write:
+        return {"results": results, "summary": rows, "table": table, "arrays": arrays}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out_dir / "metrics.json", json_text({"models": results, "summary": rows}))
+    note = (
+        f"\nOOD columns use the max-softmax score, averaged over OOD sets ({', '.join(data.ood)}); "
+        f"shift columns average {', '.join(data.shift)}; FLOPs per sample are counted by "
+        f"torch.utils.flop_counter.FlopCounterMode; latency is the median at batch 64; ratios are to '{ref}'.\n"
+    )
+    atomic_write_text(out_dir / "metrics.md", table + note)
+    return {"results": results, "summary": rows, "table": table, "arrays": arrays}

@@ -1,0 +1,276 @@
+"""Accuracy, calibration, OOD-detection and ensemble-diversity metrics.
+
+All functions take numpy arrays or tensors of probabilities (never logits: rows that do not sum to
+1 raise a ValueError naming the function) and return floats; per-sample work runs in row chunks,
+so 1M samples x 1,000 classes fit in memory.
+`probs` is [N, C]; ensemble functions take `member_probs` [M, N, C]. OOD scores follow the
+convention "higher = more likely OOD" and the OOD set is the positive class for AUROC/AUPR.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from compressor.core.errors import MetricInputError
+from compressor.uq import scores
+
+EPS = scores.EPS
+CHUNK = 1 << 16  # rows per chunk: per-sample work never holds more than a chunk in float64
+
+
+def _np(a) -> np.ndarray:
+    if hasattr(a, "detach"):
+        a = a.detach().cpu().double().numpy()
+    return np.asarray(a, dtype=np.float64)
+
+
+def _array(a) -> np.ndarray:
+    """`a` as a numpy array without a float64 copy (a tensor becomes a view of its data)."""
+    if hasattr(a, "detach"):
+        a = a.detach().cpu()
+        return (a.float() if a.dtype in (np.float16, __import__("torch").bfloat16) else a).numpy()
+    return np.asarray(a)
+
+
+def _rows(probs, fn: str, dtype: type | None = np.float64):
+    """Yield chunks of the rows of `probs` [N, C] (as `dtype`; None keeps the input's), checking
+    that they are probabilities."""
+    p = _array(probs)
+    if p.ndim != 2:
+        raise MetricInputError(f"{fn}: expected probabilities [N, C], got shape {tuple(p.shape)}")
+    for start in range(0, len(p), CHUNK):
+        chunk = np.asarray(p[start : start + CHUNK], dtype=dtype)
+        sums = chunk.sum(-1)
+        if chunk.size and (chunk.min() < -1e-6 or np.abs(sums - 1).max() > 1e-3):
+            raise MetricInputError(
+                f"{fn}: expected probabilities (rows in [0, 1] summing to 1); got rows summing to "
+                f"{sums.min():.3g}..{sums.max():.3g}: logits? apply softmax first"
+            )
+        yield start, chunk
+
+
+def _top(probs, fn: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per sample, the top-label confidence and the predicted class."""
+    conf, pred = [], []
+    for _, c in _rows(probs, fn, dtype=None):  # max and argmax need no float64 copy
+        conf.append(c.max(-1).astype(np.float64))
+        pred.append(c.argmax(-1))
+    return np.concatenate(conf) if conf else np.zeros(0), np.concatenate(pred) if pred else np.zeros(0, int)
+
+
+def accuracy(probs, labels) -> float:
+    _, pred = _top(probs, "accuracy")
+    return float((pred == _np(labels)).mean())
+
+
+def nll(probs, labels) -> float:
+    """Mean negative log-likelihood of the true class (probabilities clipped at 1e-12)."""
+    y = _np(labels).astype(int)
+    true = np.concatenate([c[np.arange(len(c)), y[s : s + len(c)]] for s, c in _rows(probs, "nll")])
+    return float(-np.log(np.clip(true, EPS, 1.0)).mean())
+
+
+def brier(probs, labels) -> float:
+    """Mean over samples of sum over classes of (p - onehot)^2 (range 0..2), computed as
+    sum_c p_c^2 - 2 p_y + 1 per sample (no one-hot matrix)."""
+    y = _np(labels).astype(int)
+    total = 0.0
+    for s, c in _rows(probs, "brier"):
+        total += float((np.einsum("ij,ij->i", c, c) - 2 * c[np.arange(len(c)), y[s : s + len(c)]] + 1).sum())
+    return total / len(y)
+
+
+def _bin_index(conf: np.ndarray, bins: int) -> np.ndarray:
+    """Equal-width bins closed on the right, (a, b] (Guo et al. 2017); 0 goes in the first bin.
+    (torchmetrics and torch-uncertainty put a confidence on an edge in the upper bin instead.)"""
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    return np.clip(np.searchsorted(edges, conf, side="left") - 1, 0, bins - 1)
+
+
+def ece(probs, labels, bins: int = 15) -> float:
+    """Top-label expected calibration error with `bins` equal-width confidence bins (a, b]."""
+    conf, pred = _top(probs, "ece")
+    correct = (pred == _np(labels)).astype(float)
+    idx = _bin_index(conf, bins)
+    counts = np.bincount(idx, minlength=bins)
+    gap = np.abs(np.bincount(idx, correct, bins) - np.bincount(idx, conf, bins))
+    return float(gap.sum() / max(len(conf), 1)) if counts.any() else 0.0
+
+
+def adaptive_ece(probs, labels, bins: int = 15) -> float:
+    """Top-label ECE with equal-mass bins (samples sorted by confidence, split into `bins`)."""
+    conf, pred = _top(probs, "adaptive_ece")
+    correct = (pred == _np(labels)).astype(float)
+    order = np.argsort(conf, kind="stable")
+    total = 0.0
+    for chunk in np.array_split(order, bins):
+        if len(chunk):
+            total += len(chunk) / len(conf) * abs(correct[chunk].mean() - conf[chunk].mean())
+    return float(total)
+
+
+def reliability_bins(probs, labels, bins: int = 15) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per equal-width bin (a, b]: mean confidence, accuracy and sample count (for reliability diagrams)."""
+    conf, pred = _top(probs, "reliability_bins")
+    correct = (pred == _np(labels)).astype(float)
+    idx = _bin_index(conf, bins)
+    counts = np.bincount(idx, minlength=bins).astype(float)
+    safe = np.maximum(counts, 1)
+    return np.bincount(idx, conf, bins) / safe, np.bincount(idx, correct, bins) / safe, counts
+
+
+# --- uncertainty scores (higher = more uncertain / more OOD) --------------------------------
+def max_prob_score(probs) -> np.ndarray:
+    """Negative maximum softmax probability (`compressor.uq.scores.max_prob`, row chunks)."""
+    return -_top(probs, "max_prob_score")[0]
+
+
+def entropy_score(probs) -> np.ndarray:
+    """Predictive entropy in nats (`compressor.uq.scores.entropy` on float64 row chunks)."""
+    parts = [scores.entropy(torch.from_numpy(c)).numpy() for _, c in _rows(probs, "entropy_score")]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def mutual_information_score(member_probs) -> np.ndarray:
+    """H(mean_m p_m) - mean_m H(p_m) (`compressor.uq.scores.mutual_information`, float64)."""
+    mp = _np(member_probs)
+    for p in mp:
+        for _ in _rows(p, "mutual_information_score"):  # every member's rows must be probabilities
+            pass
+    return scores.mutual_information(torch.from_numpy(mp)).numpy()
+
+
+# --- OOD detection ---------------------------------------------------------------------------
+def _rank_auc(pos: np.ndarray, neg: np.ndarray) -> float:
+    scores = np.concatenate([pos, neg])
+    order = np.argsort(scores, kind="mergesort")
+    ranks = np.empty(len(scores))
+    sorted_scores = scores[order]
+    # average ranks for ties
+    _, first, counts = np.unique(sorted_scores, return_index=True, return_counts=True)
+    avg = first + (counts - 1) / 2.0 + 1.0
+    ranks[order] = np.repeat(avg, counts)
+    n_pos, n_neg = len(pos), len(neg)
+    return float((ranks[:n_pos].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def auroc(score_in, score_out) -> float:
+    """Area under the ROC curve for telling OOD (positive) from ID by `score` (Mann-Whitney U)."""
+    return _rank_auc(_np(score_out), _np(score_in))
+
+
+def aupr(score_in, score_out) -> float:
+    """Average precision with OOD as the positive class (AUPR-Out), step-wise like scikit-learn."""
+    s_in, s_out = _np(score_in), _np(score_out)
+    scores = np.concatenate([s_out, s_in])
+    is_pos = np.concatenate([np.ones(len(s_out)), np.zeros(len(s_in))])
+    order = np.argsort(-scores, kind="mergesort")
+    scores, is_pos = scores[order], is_pos[order]
+    last_of_tie = np.r_[np.diff(scores) != 0, True]
+    tp = np.cumsum(is_pos)[last_of_tie]
+    fp = np.cumsum(1 - is_pos)[last_of_tie]
+    precision = tp / (tp + fp)
+    recall = tp / len(s_out)
+    return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
+
+
+def fpr_at_tpr(score_in, score_out, tpr: float = 0.95) -> float:
+    """FPR95: share of OOD samples accepted as ID at the threshold that accepts `tpr` of ID.
+
+    ID is the positive class here (as in the OOD literature): a sample is accepted as ID when its
+    score is <= the threshold; the threshold is the smallest one accepting >= `tpr` of ID, i.e.
+    the k-th smallest ID score for the least k with k / N_id >= tpr. (torch-uncertainty's routine
+    and pytorch-ood's default take OOD as the positive class instead.) O(N log N) time, O(N) memory.
+    """
+    s_in, s_out = np.sort(_np(score_in)), np.sort(_np(score_out))
+    n = len(s_in)
+    k = max(1, int(np.floor(tpr * n)) - 1)
+    while k < n and k / n < tpr:
+        k += 1
+    thr = s_in[k - 1]
+    return float(np.searchsorted(s_out, thr, side="right") / len(s_out))
+
+
+# --- selective prediction ----------------------------------------------------------------------
+def risk_coverage(probs, labels) -> tuple[np.ndarray, np.ndarray]:
+    """Coverage k/N and selective risk (error rate of the k most confident samples), k = 1..N."""
+    conf, pred = _top(probs, "risk_coverage")
+    errors = (pred != _np(labels)).astype(float)[np.argsort(-conf, kind="stable")]
+    k = np.arange(1, len(errors) + 1)
+    return k / len(errors), np.cumsum(errors) / k
+
+
+def aurc(probs, labels) -> float:
+    """Area under the risk-coverage curve (Geifman & El-Yaniv 2017): the mean selective risk over
+    coverages 1/N..1, samples accepted by decreasing max-softmax confidence. Lower is better."""
+    return float(risk_coverage(probs, labels)[1].mean())
+
+
+def augrc(probs, labels) -> float:
+    """Area under the generalized risk-coverage curve (Traub et al. 2024): the mean over coverages
+    of the share of ALL samples that are accepted and wrong. Lower is better."""
+    coverage, risk = risk_coverage(probs, labels)
+    return float((risk * coverage).mean())
+
+
+# --- ensemble diversity ------------------------------------------------------------------------
+def disagreement(member_probs) -> float:
+    """Mean over member pairs of the share of samples on which their top-1 predictions differ."""
+    preds = _np(member_probs).argmax(-1)
+    m = len(preds)
+    if m < 2:
+        return 0.0
+    pairs = [(preds[i] != preds[j]).mean() for i in range(m) for j in range(i + 1, m)]
+    return float(np.mean(pairs))
+
+
+def pairwise_kl(member_probs) -> float:
+    """Mean over ordered member pairs (i != j) of the mean KL(p_i || p_j)."""
+    mp = np.clip(_np(member_probs), EPS, 1.0)
+    m = len(mp)
+    if m < 2:
+        return 0.0
+    kls = [(mp[i] * (np.log(mp[i]) - np.log(mp[j]))).sum(-1).mean() for i in range(m) for j in range(m) if i != j]
+    return float(np.mean(kls))
+
+
+SCORE_FUNCTIONS = {"msp": max_prob_score, "entropy": entropy_score}  # per ensemble prediction
+
+
+def classification_report(member_probs, labels, probs=None) -> dict[str, float]:
+    """Accuracy, NLL, Brier, ECE, adaptive ECE, AURC and AUGRC of the ensemble prediction `probs`
+    (default: the members' mean), plus member accuracy and diversity."""
+    mp = _np(member_probs)
+    p = mp.mean(0) if probs is None else _np(probs)
+    out = {
+        "accuracy": accuracy(p, labels),
+        "nll": nll(p, labels),
+        "brier": brier(p, labels),
+        "ece": ece(p, labels),
+        "adaptive_ece": adaptive_ece(p, labels),
+        "aurc": aurc(p, labels),
+        "augrc": augrc(p, labels),
+    }
+    if len(mp) > 1:
+        out["disagreement"] = disagreement(mp)
+        out["pairwise_kl"] = pairwise_kl(mp)
+        out["member_accuracy"] = float(np.mean([accuracy(q, labels) for q in mp]))
+    return out
+
+
+def ood_report(member_probs_in, member_probs_out, probs_in=None, probs_out=None) -> dict[str, float]:
+    """AUROC, AUPR and FPR95 for every applicable score (MSP and entropy of the ensemble prediction,
+    by default the members' mean; MI of the members for ensembles)."""
+    mi, mo = _np(member_probs_in), _np(member_probs_out)
+    p_in = mi.mean(0) if probs_in is None else _np(probs_in)
+    p_out = mo.mean(0) if probs_out is None else _np(probs_out)
+    per_score = {name: (f(p_in), f(p_out)) for name, f in SCORE_FUNCTIONS.items()}
+    if len(mi) > 1:
+        per_score["mi"] = (mutual_information_score(mi), mutual_information_score(mo))
+    out = {}
+    for name, (s_in, s_out) in per_score.items():
+        out[f"auroc_{name}"] = auroc(s_in, s_out)
+        out[f"aupr_{name}"] = aupr(s_in, s_out)
+        out[f"fpr95_{name}"] = fpr_at_tpr(s_in, s_out)
+    return out
