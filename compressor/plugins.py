@@ -15,6 +15,7 @@ from torch import nn
 
 from compressor.core.errors import MaskError, OptionError
 from compressor.core.masks import HeadMask
+from compressor.core.schema import Field, validate_mapping
 
 if TYPE_CHECKING:
     from compressor.families.base import Family
@@ -48,10 +49,20 @@ class Importance:
 MAX_MEMBERS = 64
 
 
-def _check_members(members: Any) -> int:
-    if isinstance(members, bool) or not isinstance(members, int) or not 1 <= members <= MAX_MEMBERS:
-        raise OptionError(f"members: expected an integer in 1..{MAX_MEMBERS}, got {members!r}")
-    return members
+def _ratios(v: Any) -> str | None:
+    ratios = v if isinstance(v, list) else [v]
+    ok = all(isinstance(r, (int, float)) and not isinstance(r, bool) and 0.0 <= r <= 1.0 for r in ratios)
+    return None if ok else "a number in [0, 1] (or a list of them, one per member)"
+
+
+PRUNER_OPTIONS = {
+    "members": Field((int,), 3, check=lambda v: None if 1 <= v <= MAX_MEMBERS else f"an integer in 1..{MAX_MEMBERS}"),
+    "keep_ratio": Field((int, float, list), 0.5, check=_ratios),
+    "keep_heads": Field((int, type(None)), None),
+    "seed": Field((int,), 0),
+    "distinct": Field((bool,), True),
+    "allow_empty_blocks": Field((bool,), False),
+}
 
 
 class Pruner:
@@ -75,23 +86,29 @@ class Pruner:
         distinct: bool = True,
         allow_empty_blocks: bool = False,
     ) -> None:
-        self.members = _check_members(members)
-        if keep_heads is not None and (isinstance(keep_heads, bool) or not isinstance(keep_heads, int)):
-            raise OptionError(f"keep_heads: expected an integer or null, got {keep_heads!r}")
-        ratios = keep_ratio if isinstance(keep_ratio, list) else [keep_ratio] * members
-        if len(ratios) != members:
-            raise OptionError(f"keep_ratio: expected one ratio or a list of {members} (one per member)")
-        for r in ratios:
-            if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 <= r <= 1.0:
-                raise OptionError(f"keep_ratio: expected a number in [0, 1], got {r!r}")
+        given = {
+            "members": members,
+            "keep_ratio": keep_ratio,
+            "keep_heads": keep_heads,
+            "seed": seed,
+            "distinct": distinct,
+            "allow_empty_blocks": allow_empty_blocks,
+        }
+        options = validate_mapping("", "", given, PRUNER_OPTIONS, error=OptionError)
+        self.members = options["members"]
+        ratios = (
+            options["keep_ratio"] if isinstance(options["keep_ratio"], list) else [options["keep_ratio"]] * self.members
+        )
+        if len(ratios) != self.members:
+            raise OptionError(f"keep_ratio: expected one ratio or a list of {self.members} (one per member)")
         self.keep_ratios = [float(r) for r in ratios]
-        self.keep_heads = keep_heads
-        self.seed = seed
+        self.keep_heads = options["keep_heads"]
+        self.seed = options["seed"]
         self.diversity = diversity or self.diversity_choices[0]
         if self.diversity not in self.diversity_choices:
             raise OptionError(f"diversity: expected one of {', '.join(self.diversity_choices)}, got '{self.diversity}'")
-        self.distinct = distinct
-        self.allow_empty_blocks = allow_empty_blocks
+        self.distinct = options["distinct"]
+        self.allow_empty_blocks = options["allow_empty_blocks"]
         self.last_scores: list[list[torch.Tensor]] | None = None  # per member, per block (for plots)
         # batches of validation outlier inputs, set by the prune step when the data has them
         self.outliers: list[torch.Tensor] | None = None

@@ -109,7 +109,7 @@ RECIPE_CASES = [
     ("keeps-no-head", _set("steps.0.prune.keep_ratio", 0.01), 2, ["steps[0].prune: keep_ratio 0.01 keeps no head"]),
     ("merge-first", _steps([{"merge": {"merger": "hydra"}}]), 2, ["steps[0].merge: 'merge' needs a 'prune' step"]),
     ("merger-unknown", _set("steps.1.merge.merger", "glue"), 2, ["steps[1].merge.merger: unknown merger 'glue'"]),
-    ("mlp-mode", _set("steps.1.merge.mlp", "wide"), 2, ["steps[1].merge: hydra merger: mlp: expected one of"]),
+    ("mlp-mode", _set("steps.1.merge.mlp", "wide"), 2, ["steps[1].merge: mlp: expected one of"]),
     (
         "plain-member",
         _set("steps.1.merge", {"merger": "plain", "member": 7}),

@@ -44,7 +44,7 @@ def test_defaults_are_filled(tmp_path):
         (lambda d: d["steps"].append({"fly": {}}), r"steps\[1\]: unknown step 'fly'; expected one of prune"),
         (
             lambda d: d["steps"].append({"merge": {"merger": "hydra", "mlp": "wide"}}),
-            r"steps\[1\].merge: hydra merger: mlp",
+            r"steps\[1\].merge: mlp",
         ),
         (lambda d: d["steps"].insert(0, {"merge": {"merger": "plain"}}), r"'merge' needs a 'prune' step"),
         (lambda d: d["model"].pop("name"), r"model.name: missing"),

@@ -31,6 +31,11 @@ class Field:
     schema: dict[str, Field] | None = None  # nested mapping
 
 
+def _at(where: str) -> str:
+    """The message prefix naming the file (none for a plugin's own options: its caller adds the place)."""
+    return f"{where}: " if where else ""
+
+
 def positive(v: Any) -> str | None:
     return None if v is None or 0 < v < float("inf") else "a finite number > 0"
 
@@ -56,13 +61,13 @@ def check_value(where: str, key_path: str, value: Any, f: Field, error: type[Com
     if not ok and float in types and isinstance(value, int) and not isinstance(value, bool):
         ok = True
     if not ok:
-        raise error(f"{where}: {key_path}: expected {type_name(types)}, got {value!r}")
+        raise error(f"{_at(where)}{key_path}: expected {type_name(types)}, got {value!r}")
     if f.choices is not None and value not in f.choices:
-        raise error(f"{where}: {key_path}: expected one of {', '.join(map(str, f.choices))}, got {value!r}")
+        raise error(f"{_at(where)}{key_path}: expected one of {', '.join(map(str, f.choices))}, got {value!r}")
     if f.check is not None:
         err = f.check(value)
         if err:
-            raise error(f"{where}: {key_path}: expected {err}, got {value!r}")
+            raise error(f"{_at(where)}{key_path}: expected {err}, got {value!r}")
     if f.schema is not None and isinstance(value, dict):
         return validate_mapping(where, key_path, value, f.schema, error=error)
     return copy.deepcopy(value)
@@ -79,17 +84,17 @@ def validate_mapping(
     """Check keys and types of `data` against `schema`; fill defaults. `extra_ok` keeps unknown
     keys (a plugin's options, checked against its signature elsewhere); failures raise `error`."""
     if not isinstance(data, dict):
-        raise error(f"{where}: {prefix or 'top level'}: expected a mapping, got {data!r}")
+        raise error(f"{_at(where)}{prefix or 'top level'}: expected a mapping, got {data!r}")
     dot = f"{prefix}." if prefix else ""
     for key in data:
         if key not in schema and not extra_ok:
-            raise error(f"{where}: {dot}{key}: unknown key; expected one of {', '.join(schema)}")
+            raise error(f"{_at(where)}{dot}{key}: unknown key; expected one of {', '.join(schema)}")
     out: dict = {}
     for key, f in schema.items():
         if key in data:
             out[key] = check_value(where, dot + key, data[key], f, error)
         elif f.required:
-            raise error(f"{where}: {dot}{key}: missing; expected {type_name(f.types)} ({f.doc})")
+            raise error(f"{_at(where)}{dot}{key}: missing; expected {type_name(f.types)} ({f.doc})")
         else:
             default = copy.deepcopy(f.default)
             nested = f.schema and isinstance(default, dict)

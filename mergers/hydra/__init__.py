@@ -32,9 +32,9 @@ class HydraMerger(Merger):
 
     def __init__(self, mlp: str = "average", mlp_keep_ratio: float | None = None) -> None:
         options = {"mlp": mlp, "mlp_keep_ratio": mlp_keep_ratio}
-        options = validate_mapping("hydra merger", "", options, self.OPTIONS, error=OptionError)
+        options = validate_mapping("", "", options, self.OPTIONS, error=OptionError)
         if options["mlp_keep_ratio"] is not None and options["mlp"] != "pruned":
-            raise OptionError(f"hydra merger: mlp_keep_ratio: only used with mlp: pruned, not '{mlp}'")
+            raise OptionError(f"mlp_keep_ratio: only used with mlp: pruned, not '{mlp}'")
         self.mlp = options["mlp"]
         self.mlp_keep_ratio = options["mlp_keep_ratio"]
 
