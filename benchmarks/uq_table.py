@@ -1,21 +1,15 @@
-"""Cost-quality table: uncertainty of every Hydra configuration beside its FLOPs and parameters,
-next to the base model, a 3-model Deep Ensemble, MC dropout and single pruned models.
+"""Cost-quality table: uncertainty of Hydra configurations beside their FLOPs and parameters, next
+to the base model, a 3-model Deep Ensemble, MC dropout and single pruned models.
 
-    python benchmarks/uq_table.py                         # digits, seeds 0 1 2, every row (~2 h on 2 cores)
-    python benchmarks/uq_table.py --rows main             # the rows the README's main table shows
-    python benchmarks/uq_table.py --in-classes 2 3 4 5 6 7 8 9 --rows check   # another class split
-    python benchmarks/uq_table.py --base-steps 740 --rows converged   # every model from a base trained 740 steps
-    python benchmarks/uq_table.py --rows reinit --de-steps 370   # members' blocks redrawn (the default recipe's row)
-    python benchmarks/uq_table.py --text --seeds 0 1      # MiniLM on the bundled Rotten Tomatoes sample (~32 min)
-    python benchmarks/uq_table.py --text --seeds 0 1 --rows all   # plus `hydra taylor average` (~55 min)
+    python benchmarks/uq_table.py --rows calibrate --baselines base   # the recipe as it ships, +/- calibrate
+    python benchmarks/uq_table.py --rows reinit --de-steps 370         # with a training-matched Deep Ensemble
+    python benchmarks/uq_table.py --in-classes 2 3 4 5 6 7 8 9 ...     # another class split
+    python benchmarks/uq_table.py --text --seeds 0 1                   # MiniLM on the Rotten Tomatoes sample
 
-Digits: ID = scikit-learn digits 0-7 (or --in-classes), OOD = the other digits (near) and crops
-of scikit-learn's sample photos (far), shift = noisy, blurred and rotated test digits. Text: ID =
-fresh vs rotten snippets, OOD = movie plot summaries, the whole MiniLM encoder fine-tuned for the
-base and for each Deep Ensemble member. Every row is built by the recipe engine from the same base
-model per seed (cached), evaluated on the same data; rows that share a prune step reuse its masks.
-FLOPs per sample are counted with torch.utils.flop_counter.FlopCounterMode. Results: the mean and
-standard deviation over seeds, printed and written to benchmarks/results/.
+Digits: ID = digits 0-7 (or --in-classes), OOD = the other digits and crops of scikit-learn's
+sample photos, shift = noisy, blurred and rotated test digits; text: fresh vs rotten snippets, OOD =
+plot summaries. Rows are built by the recipe engine from the same cached base per seed; rows that
+share a prune step reuse its masks. Results (mean and std over seeds) go to benchmarks/results/.
 """
 
 from __future__ import annotations

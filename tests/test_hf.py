@@ -169,27 +169,6 @@ def test_export_round_trips_for_minilm(minilm, tmp_path):
     torch.testing.assert_close(theirs, ours, rtol=1e-5, atol=1e-5)
 
 
-def test_onnx_export_of_fused_model_matches_torch(tmp_path):
-    """The optional ONNX export of a fused Hydra ViT, checked with onnxruntime against torch."""
-    import onnxruntime as ort
-
-    from compressor.deploy.onnx_export import export_onnx
-    from mergers.hydra import build_hydra
-    from tests.conftest import make_vit
-
-    vit = make_vit()
-    fused = build_hydra(
-        vit, [HeadMask.from_kept([[0, 1], [2]], [4, 4]), HeadMask.from_kept([[3], [0, 1]], [4, 4])], mlp_mode="grouped"
-    ).eval()
-    x = torch.randn(3, 1, 16, 16)
-    export_onnx(fused, x, tmp_path / "m.onnx")  # raises if onnxruntime disagrees with torch
-    sess = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
-    x5 = torch.randn(5, 1, 16, 16)  # another batch size: the batch axis is dynamic
-    got = sess.run(None, {"inputs": x5.numpy()})
-    with torch.no_grad():
-        torch.testing.assert_close(torch.from_numpy(got[0]), fused(x5).member_logits, rtol=1e-4, atol=1e-4)
-
-
 def _small_clip():
     from transformers import CLIPConfig, CLIPModel
 
