@@ -45,7 +45,7 @@ EXPORT_CASES = [
     ),
     ("kind-import-path", lambda c: c.__setitem__("kind", "os:system"), "kind: expected a registered merger name"),
     ("kind-unknown", lambda c: c.__setitem__("kind", "glue"), "kind: unknown merger 'glue'"),
-    ("format", lambda c: c.__setitem__("format", "v0"), "format: expected 'compressor.deploy.export/2'"),
+    ("format", lambda c: c.__setitem__("format", "v0"), "format: expected 'compressor.export/2'"),
     ("class-names", lambda c: c.__setitem__("class_names", [1, 2]), "class_names: expected a list of strings"),
     ("temperature", lambda c: c.__setitem__("calibration", {"temperature": [-1.0]}), "calibration.temperature"),
 ]

@@ -29,7 +29,7 @@ from compressor.core.weights import load_weights, save_weights
 from compressor.uq.calibration import TEMPERATURE_SCOPES, Calibrated
 from compressor.uq.scores import OOD_SCORES
 
-FORMAT = "compressor.deploy.export/2"
+FORMAT = "compressor.export/2"
 
 
 def library_versions() -> dict[str, str]:
