@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from compressor.core.errors import OptionError
+from compressor.uq.metrics import tpr_threshold
 from compressor.uq.outputs import EnsembleOutput, logits_reader
 
 TEMPERATURE_SCOPES = ("ensemble", "member")
@@ -48,6 +49,16 @@ def calibrated_probs(member_logits: torch.Tensor, temperature: torch.Tensor, sco
     if scope == "member":
         return (member_logits / t.view(-1, 1, 1)).softmax(-1).mean(0)
     return (ensemble_log_probs(member_logits) / t.view(())).softmax(-1)
+
+
+def apply_temperature(member_logits: torch.Tensor, temperature: torch.Tensor, scope: str) -> EnsembleOutput:
+    """What a calibrated model outputs: its member logits (divided by their temperatures for scope
+    'member', untouched for 'ensemble') and its ensemble prediction, in float64 so that scores do
+    not saturate at 1.0 (the calibrate step and `predict` score exactly this)."""
+    if scope == "member":
+        member_logits = member_logits / temperature.to(member_logits.device, member_logits.dtype).view(-1, 1, 1)
+        return EnsembleOutput(member_logits, member_logits.double().softmax(-1).mean(0))
+    return EnsembleOutput(member_logits, calibrated_probs(member_logits.double(), temperature, "ensemble"))
 
 
 def _nll_per_sample(probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -205,13 +216,8 @@ def saturated_share(confidence: torch.Tensor) -> float:
 
 def ood_threshold(scores_in: torch.Tensor, tpr: float = 0.95) -> float:
     """The smallest score that accepts (score <= it) at least `tpr` of in-distribution samples:
-    the same threshold FPR95 is measured at."""
-    s = torch.sort(scores_in.double()).values
-    n = len(s)
-    k = max(1, int(tpr * n) - 1)
-    while k < n and k / n < tpr:
-        k += 1
-    return float(s[k - 1])
+    the same threshold FPR95 is measured at (`compressor.uq.metrics.tpr_threshold`)."""
+    return tpr_threshold(scores_in, tpr)
 
 
 def checked_ood_threshold(
@@ -221,7 +227,7 @@ def checked_ood_threshold(
     held-out and every validation-outlier input (it would flag nothing); with notes on why."""
     notes = []
     threshold = ood_threshold(scores_in, tpr)
-    share = float((scores_in == scores_in.min()).double().mean()) if len(scores_in) else 0.0
+    share = saturated_share(-scores_in)  # ties at the most in-distribution (lowest) score
     if share > SATURATION_SHARE:
         notes.append(f"WARNING: {share:.0%} of held-out OOD scores tie at the most in-distribution value (saturated)")
     everything = [scores_in] + ([scores_outliers] if scores_outliers is not None and len(scores_outliers) else [])
@@ -263,14 +269,7 @@ class Calibrated(nn.Module):
         return int(getattr(self.model, "members", 1))
 
     def forward(self, x: torch.Tensor) -> EnsembleOutput:
-        logits = self._read(self.model(x))
-        if self.scope == "member":
-            logits = logits / self.temperature.to(logits.dtype).view(-1, 1, 1)
-            probs = logits.double().softmax(-1).mean(0)
-        else:
-            probs = calibrated_probs(logits.double(), self.temperature, "ensemble")
-        # the ensemble prediction in float64, as the calibrate step scored it (no saturation at 1.0)
-        return EnsembleOutput(logits, probs)
+        return apply_temperature(self._read(self.model(x)), self.temperature, self.scope)
 
     def config(self) -> dict:
         """What an export records: the temperatures, their scope and the OOD threshold."""

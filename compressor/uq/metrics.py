@@ -175,6 +175,17 @@ def aupr(score_in, score_out) -> float:
     return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
 
 
+def tpr_threshold(score_in, tpr: float = 0.95) -> float:
+    """The smallest ID score that accepts (score <= it) at least `tpr` of ID samples: the k-th
+    smallest for the least k with k / N_id >= tpr (the threshold FPR95 and the stored OOD threshold use)."""
+    s_in = np.sort(_np(score_in))
+    n = len(s_in)
+    k = max(1, int(np.floor(tpr * n)) - 1)
+    while k < n and k / n < tpr:
+        k += 1
+    return float(s_in[k - 1])
+
+
 def fpr_at_tpr(score_in, score_out, tpr: float = 0.95) -> float:
     """FPR95: share of OOD samples accepted as ID at the threshold that accepts `tpr` of ID.
 
@@ -183,13 +194,8 @@ def fpr_at_tpr(score_in, score_out, tpr: float = 0.95) -> float:
     the k-th smallest ID score for the least k with k / N_id >= tpr. (torch-uncertainty's routine
     and pytorch-ood's default take OOD as the positive class instead.) O(N log N) time, O(N) memory.
     """
-    s_in, s_out = np.sort(_np(score_in)), np.sort(_np(score_out))
-    n = len(s_in)
-    k = max(1, int(np.floor(tpr * n)) - 1)
-    while k < n and k / n < tpr:
-        k += 1
-    thr = s_in[k - 1]
-    return float(np.searchsorted(s_out, thr, side="right") / len(s_out))
+    s_out = np.sort(_np(score_out))
+    return float(np.searchsorted(s_out, tpr_threshold(score_in, tpr), side="right") / len(s_out))
 
 
 # --- selective prediction ----------------------------------------------------------------------

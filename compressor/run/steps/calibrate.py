@@ -18,6 +18,7 @@ from compressor.uq.calibration import (
     CHECK_FOLDS,
     Calibrated,
     TemperatureFit,
+    apply_temperature,
     calibrated_probs,
     checked_ood_threshold,
     fit_checked_temperature,
@@ -37,10 +38,9 @@ SCHEMA = {
 
 
 def _scores(logits: torch.Tensor, temperature: torch.Tensor, scope: str, score: str) -> torch.Tensor:
-    """OOD scores in float64 of the calibrated model, as `Calibrated` and `predict` compute them."""
-    logits = logits.double()
-    members = logits / temperature.double().view(-1, 1, 1) if scope == "member" else logits
-    return ood_score(members.softmax(-1), score, calibrated_probs(logits, temperature, scope))
+    """OOD scores of the calibrated model's outputs, exactly as `predict` computes them."""
+    out = apply_temperature(logits, temperature, scope)
+    return ood_score(out.member_logits.double().softmax(-1), score, out.probs)
 
 
 def _line(fit: TemperatureFit | None, report: dict, ood: dict, notes: list[str]) -> str:
