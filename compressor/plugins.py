@@ -65,6 +65,12 @@ PRUNER_OPTIONS = {
 }
 
 
+def checked_options(given: dict[str, Any], schema: dict[str, Field]) -> dict[str, Any]:
+    """A plugin's own options checked against its schema (one idiom for every option block): a
+    failure is a one-line OptionError naming the key; the prune step adds the recipe's place."""
+    return validate_mapping("", "", given, schema, error=OptionError)
+
+
 class Pruner:
     """Returns M head masks (one per ensemble member) for a model seen through its family.
 
@@ -94,7 +100,11 @@ class Pruner:
             "distinct": distinct,
             "allow_empty_blocks": allow_empty_blocks,
         }
-        options = validate_mapping("", "", given, PRUNER_OPTIONS, error=OptionError)
+        choices = self.diversity_choices
+        diversity_field = Field(
+            (str, type(None)), None, check=lambda v: None if v in (None, *choices) else f"one of {', '.join(choices)}"
+        )
+        options = checked_options({**given, "diversity": diversity}, {**PRUNER_OPTIONS, "diversity": diversity_field})
         self.members = options["members"]
         ratios = (
             options["keep_ratio"] if isinstance(options["keep_ratio"], list) else [options["keep_ratio"]] * self.members
@@ -104,9 +114,7 @@ class Pruner:
         self.keep_ratios = [float(r) for r in ratios]
         self.keep_heads = options["keep_heads"]
         self.seed = options["seed"]
-        self.diversity = diversity or self.diversity_choices[0]
-        if self.diversity not in self.diversity_choices:
-            raise OptionError(f"diversity: expected one of {', '.join(self.diversity_choices)}, got '{self.diversity}'")
+        self.diversity = options["diversity"] or self.diversity_choices[0]
         self.distinct = options["distinct"]
         self.allow_empty_blocks = options["allow_empty_blocks"]
         self.last_scores: list[list[torch.Tensor]] | None = None  # per member, per block (for plots)

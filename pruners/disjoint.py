@@ -8,9 +8,15 @@ import torch
 
 from compressor.core.masks import HeadMask
 from compressor.core.modes import evaluating
+from compressor.core.schema import Field
 from compressor.families import Family
-from compressor.plugins import Batch, Pruner
+from compressor.plugins import Batch, Pruner, checked_options
 from pruners.topk import make_importance
+
+DISJOINT_OPTIONS = {
+    "rank_by": Field((str, type(None)), None, doc="an importance that orders the heads dealt out (default: random)"),
+    "rank_options": Field((dict, type(None)), None, doc="keyword arguments of that importance"),
+}
 
 
 class DisjointPruner(Pruner):
@@ -19,7 +25,8 @@ class DisjointPruner(Pruner):
     def __init__(self, rank_by: str | None = None, rank_options: dict | None = None, **kwargs) -> None:
         kwargs.setdefault("keep_ratio", 1.0)
         super().__init__(**kwargs)
-        self.rank_by = None if rank_by is None else make_importance(rank_by, rank_options)
+        opts = checked_options({"rank_by": rank_by, "rank_options": rank_options}, DISJOINT_OPTIONS)
+        self.rank_by = None if opts["rank_by"] is None else make_importance(opts["rank_by"], opts["rank_options"])
 
     def block_ranks(
         self, family: Family, calibration: Sequence[Batch], heldout: Sequence[Batch] | None

@@ -5,10 +5,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from compressor.core.errors import MaskError, OptionError
+from compressor.core.errors import MaskError
 from compressor.core.masks import HeadMask, load_masks
+from compressor.core.schema import Field
 from compressor.families import Family
-from compressor.plugins import Batch, Pruner
+from compressor.plugins import Batch, Pruner, checked_options
+
+FILE_OPTIONS = {
+    "path": Field(
+        (str,),
+        "masks.json",
+        check=lambda v: None if Path(v).is_file() else "an existing mask file (e.g. an earlier run's masks.json)",
+    )
+}
 
 
 class MaskFilePruner(Pruner):
@@ -16,9 +25,7 @@ class MaskFilePruner(Pruner):
 
     def __init__(self, path: str = "masks.json", **kwargs) -> None:
         super().__init__(**kwargs)
-        self.path = path
-        if not Path(path).is_file():
-            raise OptionError(f"path: no such mask file '{path}'")
+        self.path = checked_options({"path": path}, FILE_OPTIONS)["path"]
 
     def preflight(self, family: Family) -> None:
         self.prune(family)

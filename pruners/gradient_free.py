@@ -24,8 +24,9 @@ import torch.nn.functional as F
 
 from compressor.core.distributed import all_reduce_sum, gather_varlen
 from compressor.core.errors import InputError, OptionError
+from compressor.core.schema import Field
 from compressor.families import Family
-from compressor.plugins import Batch, Importance
+from compressor.plugins import Batch, Importance, checked_options
 from compressor.uq.metrics import auroc, fpr_at_tpr
 from pruners.topk import TopKPruner
 
@@ -99,13 +100,23 @@ def evaluate_objective(
     return total
 
 
+def _objectives(v: str | list) -> str | None:
+    names = v if isinstance(v, list) else [v]
+    ok = names and all(n in OBJECTIVES for n in names)
+    return None if ok else f"one of {', '.join(OBJECTIVES)} (or a list of them, one per member)"
+
+
+CIRCUIT_OPTIONS = {
+    "metric": Field((str, list), "nll", check=_objectives, doc="the held-out objective heads are kept for"),
+}
+
+
 class CircuitImportance(Importance):
     """Per block, how much a held-out objective worsens when each head is masked (earlier blocks pruned)."""
 
     def __init__(self, metric: str = "nll") -> None:
-        if metric not in OBJECTIVES:
-            raise OptionError(f"metric: expected one of {', '.join(OBJECTIVES)}, got '{metric}'")
-        self.metric = metric
+        schema = {"metric": Field((str,), "nll", choices=OBJECTIVES)}
+        self.metric = checked_options({"metric": metric}, schema)["metric"]
 
     def __call__(
         self,
@@ -142,6 +153,7 @@ class GradientFreePruner(TopKPruner):
     """Circuit selection: per block, keep heads whose masking worsens a held-out objective most."""
 
     def __init__(self, metric: str | list[str] = "nll", **kwargs) -> None:
+        metric = checked_options({"metric": metric}, CIRCUIT_OPTIONS)["metric"]
         metrics = metric if isinstance(metric, list) else [metric]
         super().__init__(importance=CircuitImportance(metrics[0]), **kwargs)
         if len(metrics) not in (1, self.members):

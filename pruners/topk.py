@@ -16,18 +16,22 @@ from compressor.core.errors import OptionError
 from compressor.core.masks import HeadMask
 from compressor.core.modes import evaluating
 from compressor.core.registry import resolve
+from compressor.core.schema import Field
 from compressor.data.bundle import bootstrap
 from compressor.families import Family
-from compressor.plugins import Batch, Importance, Pruner
+from compressor.plugins import Batch, Importance, Pruner, checked_options
 from pruners.base import jitter, make_distinct
+
+TOPK_OPTIONS = {
+    "importance": Field((str, Importance), "taylor", doc="a registered importance name, or 'package.module:Class'"),
+    "importance_options": Field((dict, type(None)), None, doc="keyword arguments of the importance"),
+}
 
 
 def make_importance(importance: str | Importance, options: dict | None = None) -> Importance:
     """An Importance instance from a registered name (or import path) and its options."""
     if isinstance(importance, Importance):
         return importance
-    if not isinstance(importance, str):
-        raise OptionError(f"importance: expected a registered name, got {importance!r}")
     cls = resolve("importance", importance)
     try:
         return cls(**(options or {}))
@@ -43,7 +47,8 @@ class TopKPruner(Pruner):
     def __init__(
         self, importance: str | Importance = "taylor", importance_options: dict | None = None, **kwargs
     ) -> None:
-        self.importances = [make_importance(importance, importance_options)]
+        opts = checked_options({"importance": importance, "importance_options": importance_options}, TOPK_OPTIONS)
+        self.importances = [make_importance(opts["importance"], opts["importance_options"])]
         if not self.importances[0].needs_data and kwargs.get("diversity") == "bootstrap":
             raise OptionError("diversity: 'bootstrap' needs a data-driven importance; use jitter or none")
         kwargs.setdefault("diversity", "bootstrap" if self.importances[0].needs_data else "jitter")
