@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
@@ -39,11 +41,36 @@ def resolve_device(name: str = "auto") -> torch.device:
     return device
 
 
-def check_precision(precision: str, device: torch.device) -> None:
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # x86 AVX-512 BF16 / AMX, Arm BF16 (/proc/cpuinfo)
+
+
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool | None:
+    """Whether this CPU computes bf16 natively (None when it cannot be told: no /proc/cpuinfo)."""
+    if cpuinfo is None:
+        path = Path("/proc/cpuinfo")
+        if not path.is_file():
+            return None
+        cpuinfo = path.read_text(errors="replace")
+    flags = {f for line in cpuinfo.splitlines() if line.startswith(("flags", "Features")) for f in line.split()}
+    return any(f in flags for f in CPU_BF16_FLAGS)
+
+
+def check_precision(precision: str, device: torch.device, native_bf16: bool | None = None) -> None:
+    """A one-line error for a precision the device cannot run; a warning for bf16 on a CPU without
+    native bf16, where autocast emulates it (a full MiniLM fine-tune step: 19 s against 0.9 s in fp32)."""
     if precision not in PRECISIONS:
         raise InputError(f"precision: expected one of {', '.join(PRECISIONS)}, got '{precision}'")
     if precision == "fp16" and device.type != "cuda":
         raise InputError("precision: fp16 autocast needs a CUDA device; use bf16 (or fp32) on the CPU")
+    if precision == "bf16" and device.type == "cpu":
+        native = cpu_has_native_bf16() if native_bf16 is None else native_bf16
+        if native is False:
+            warnings.warn(
+                "precision: bf16 on a CPU without native bf16 (no AVX-512 BF16, AMX or Arm BF16): autocast "
+                "emulates it, about 20x slower than fp32 here (a MiniLM fine-tune step took 19 s against 0.9 s); "
+                "use precision: fp32",
+                stacklevel=2,
+            )
 
 
 @contextlib.contextmanager

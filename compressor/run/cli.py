@@ -11,6 +11,7 @@ import argparse
 import sys
 import time
 import traceback
+import warnings
 
 from compressor.core.errors import CompressorError
 
@@ -126,8 +127,14 @@ def cmd_apply(args: argparse.Namespace) -> int:
     return 0
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:  # noqa: ANN001
+    """Warnings as one line, like errors: 'warning: <message>' (no source line)."""
+    return f"warning: {message}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    warnings.formatwarning = _one_line_warning
     try:
         if args.command == "list":
             return cmd_list()
