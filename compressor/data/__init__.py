@@ -1,7 +1,7 @@
 """Data: the `DataBundle` every step reads, and where it comes from.
 
 Sources: the embedded digits default (`digits`), a user's image folder (`images`), the bundled
-Rotten Tomatoes text sample (`text`), and validation outliers (`outliers`: never a test OOD set).
+text benchmarks (`text`: sentiment, topics), and validation outliers (`outliers`: never a test OOD set).
 Loaders are per-rank under torch.distributed (`bundle`). This layer sits above the model
 families (image transforms follow the model; text uses its tokenizer) and below everything that
 evaluates or trains.
@@ -18,7 +18,7 @@ from compressor.data.images import image_folder_bundle, image_transforms
 
 def load_bundle(data_cfg: dict, model_name: str, model: torch.nn.Module | None = None) -> DataBundle:
     """The recipe's data: digits, a user's image folder (transforms follow `model`), or the
-    bundled text sample tokenised for transformers model `model_name`."""
+    committed text benchmark tokenised for transformers model `model_name`."""
     if data_cfg["source"] == "digits":
         return digits_bundle(
             img_size=data_cfg["img_size"] or 16, in_classes=data_cfg["in_classes"], seed=data_cfg["seed"]
@@ -27,7 +27,12 @@ def load_bundle(data_cfg: dict, model_name: str, model: torch.nn.Module | None =
         from compressor.data.text import text_bundle
 
         return text_bundle(
-            model_name, data_cfg["max_length"], seed=data_cfg["seed"], ood_val_file=data_cfg["ood_val_file"]
+            model_name,
+            data_cfg["task"],
+            data_cfg["max_length"],
+            seed=data_cfg["seed"],
+            ood_val_file=data_cfg["ood_val_file"],
+            max_samples=data_cfg["max_samples"],
         )
     overrides = {k: data_cfg[k] for k in ("img_size", "mean", "std", "interpolation", "crop_pct")}
     return image_folder_bundle(

@@ -50,7 +50,7 @@ def create_model(model_cfg: dict, data: DataBundle) -> nn.Module:
 
 
 # the data keys a trained base depends on (not batch sizes, calibration or OOD settings)
-CACHE_DATA_KEYS = ("source", "root", "img_size", "in_classes", "max_length", "seed")
+CACHE_DATA_KEYS = ("source", "root", "img_size", "in_classes", "task", "max_length", "max_samples", "seed")
 
 
 def _cache_key(model_cfg: dict, data_cfg: dict, seed: int) -> str:

@@ -64,7 +64,13 @@ MODEL_SCHEMA: dict[str, Field] = {
 
 DATA_SCHEMA: dict[str, Field] = {
     "source": Field((str,), "digits", choices=("digits", "image_folder", "text")),
-    "max_length": Field((int,), 48, check=positive, doc="text: tokens per sentence"),
+    "task": Field(
+        (str,), "sentiment", choices=("sentiment", "topics"), doc="text: which committed benchmark (datasets/README.md)"
+    ),
+    "max_length": Field((int,), 32, check=positive, doc="text: tokens per sentence (every set cut to it)"),
+    "max_samples": Field(
+        (int, type(None)), None, check=positive, doc="text: at most this many texts per split and OOD set (quick tries)"
+    ),
     "root": Field((str, type(None)), None, doc="image_folder: folder with train/<class>/ and val/<class>/"),
     "ood_roots": Field((list,), [], doc="image_folder: folders of OOD images"),
     "ood_val_roots": Field((list,), [], doc="image_folder: folders of validation outliers (default: synthetic)"),
@@ -216,6 +222,13 @@ def _check_data(where: str, m: dict, d: dict) -> None:
                 raise RecipeError(f"{where}: data.{key}[{i}]: no such folder {r!r}")
     if d["ood_val_file"] and not Path(d["ood_val_file"]).is_file():
         raise RecipeError(f"{where}: data.ood_val_file: no such file '{d['ood_val_file']}'")
+    if d["source"] == "text":
+        from compressor.data.text import task_rows
+
+        try:  # the committed file is there and unedited, before any work
+            task_rows(d["task"])
+        except InputError as e:
+            raise RecipeError(f"{where}: {e}") from e
 
 
 def _check_model(where: str, m: dict) -> None:
