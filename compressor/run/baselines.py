@@ -25,8 +25,12 @@ def result_model(ctx: RunContext) -> tuple[str, nn.Module] | None:
     return None
 
 
-def baseline_models(ctx: RunContext, names: list[str], size: int | None) -> dict[str, nn.Module]:
-    """The named baselines; a Deep Ensemble trains `size` - 1 more bases (other seeds, cached)."""
+def baseline_models(
+    ctx: RunContext, names: list[str], size: int | None, seeds: list[int] | None = None, mc_samples: int | None = None
+) -> dict[str, nn.Module]:
+    """The named baselines; a Deep Ensemble trains `size` - 1 more bases (cached), from `seeds`
+    (default: the recipe's seed + 1000, + 2000, ...); MC dropout takes `mc_samples` passes (default
+    `size`, else 8)."""
     from compressor.run.models import build_base
 
     out: dict[str, nn.Module] = {}
@@ -40,11 +44,11 @@ def baseline_models(ctx: RunContext, names: list[str], size: int | None) -> dict
             out["uncalibrated"] = ctx.merged.model
         elif name == "deep_ensemble":
             r = ctx.recipe
+            others = seeds or [r.seed + 1000 * (i + 1) for i in range((size or m) - 1)]
             models = [ctx.base] + [
-                build_base(r.model, ctx.data, r.data, r.seed + 1000 * (i + 1), ctx.cache_dir, device=ctx.device)
-                for i in range((size or m) - 1)
+                build_base(r.model, ctx.data, r.data, seed, ctx.cache_dir, device=ctx.device) for seed in others
             ]
             out[f"deep_ensemble x{len(models)}"] = DeepEnsemble(models)
         elif name == "mc_dropout":
-            out["mc_dropout"] = MCDropout(ctx.base, samples=size or 8)
+            out["mc_dropout"] = MCDropout(ctx.base, samples=mc_samples or size or 8)
     return out

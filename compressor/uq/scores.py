@@ -30,6 +30,11 @@ def mutual_information(member_probs: torch.Tensor) -> torch.Tensor:
     return entropy(member_probs.mean(0)) - entropy(member_probs).mean(0)
 
 
+def energy(logits: torch.Tensor) -> torch.Tensor:
+    """Energy score (Liu et al. 2020): -logsumexp of the logits (temperature 1)."""
+    return -torch.logsumexp(logits, dim=-1)
+
+
 def ood_score(member_probs: torch.Tensor, score: str, probs: torch.Tensor | None = None) -> torch.Tensor:
     """Per sample, the named OOD score: max-softmax or entropy of the ensemble prediction `probs`
     (default: the members' mean), or the members' mutual information."""

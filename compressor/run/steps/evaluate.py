@@ -31,6 +31,18 @@ SCHEMA = {
         check=lambda v: None if v is None or 1 <= v <= 16 else "an integer in 1..16",
         doc="models in the deep_ensemble baseline (default M)",
     ),
+    "deep_ensemble_seeds": Field(
+        (list, type(None)),
+        None,
+        check=lambda v: None if v is None or (v and all(isinstance(s, int) for s in v)) else "a list of integers",
+        doc="seeds of the deep_ensemble baseline's other models (default: the recipe's seed + 1000, + 2000, ...)",
+    ),
+    "mc_dropout_samples": Field(
+        (int, type(None)),
+        None,
+        check=lambda v: None if v is None or 1 <= v <= 64 else "an integer in 1..64",
+        doc="stochastic passes of the mc_dropout baseline (default deep_ensemble_size, else 8)",
+    ),
     "plots": Field((bool,), True),
 }
 
@@ -71,7 +83,11 @@ def evaluate(ctx: RunContext, cfg: dict) -> None:
     result = result_model(ctx)
     if result is not None:
         models[result[0]] = result[1]
-    models.update(baseline_models(ctx, cfg["baselines"], cfg["deep_ensemble_size"]))
+    models.update(
+        baseline_models(
+            ctx, cfg["baselines"], cfg["deep_ensemble_size"], cfg["deep_ensemble_seeds"], cfg["mc_dropout_samples"]
+        )
+    )
     reference = "base" if "base" in models else None
     ctx.metrics = evaluate_models(models, ctx.data, ctx.out, ctx.recipe.data["batch_size"], reference, write=is_main())
     if cfg["plots"] and is_main():

@@ -35,6 +35,12 @@ SCHEMA = {
         doc="target members: each member's last N transformer blocks ('all': every block) re-initialised "
         "(its seed), so members differ in more than their heads, as Deep Ensemble members do",
     ),
+    "freeze_embeddings": Field(
+        (bool,),
+        False,
+        doc="keep the embeddings (every weight outside the blocks and the classifier) as the base's, so that "
+        "the fused model holds one shared copy: with a large vocabulary they are most of a text model's parameters",
+    ),
     "distill": Field(
         (dict, type(None)),
         None,
@@ -71,6 +77,8 @@ def _check(cfg: dict, earlier: StepList, later: StepList) -> str | None:
     merged = target == "merged" or (target == "auto" and "merge" in before)
     if (cfg["reinit_head"] or cfg["reinit_blocks"]) and merged:
         return "reinit_head and reinit_blocks need target 'members' (each member re-initialised on its own)"
+    if cfg["freeze_embeddings"] and merged:
+        return "freeze_embeddings needs target 'members' (a merged model's members share their embeddings already)"
     return None
 
 
@@ -93,6 +101,15 @@ def reinitialise(modules: list[nn.Module], seed: int) -> None:
         for module in root.modules():
             if hasattr(module, "reset_parameters"):
                 module.reset_parameters()
+
+
+def outside_blocks(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters outside the transformer blocks and the classifier: the embeddings (and the
+    final norm where a family has one)."""
+    family = family_of(model)
+    inside = {id(p) for block in family.blocks() for p in block.parameters()}
+    inside |= {id(p) for p in family.classifier().parameters()}
+    return [p for p in model.parameters() if id(p) not in inside]
 
 
 def train_config(ctx: RunContext, cfg: dict) -> TrainConfig:
@@ -132,8 +149,15 @@ def finetune(ctx: RunContext, cfg: dict) -> None:
             fresh.append(family.classifier())
         if fresh:
             reinitialise(fresh, tc_i.seed)
-        ctx.log[f"finetune member {i}"] = train(
-            member, ctx.data.train, ctx.data.val, tc_i, desc=f"finetune member {i}", teacher=teacher
-        )
+        frozen = outside_blocks(member) if cfg["freeze_embeddings"] else []
+        for p in frozen:
+            p.requires_grad_(False)
+        try:
+            ctx.log[f"finetune member {i}"] = train(
+                member, ctx.data.train, ctx.data.val, tc_i, desc=f"finetune member {i}", teacher=teacher
+            )
+        finally:
+            for p in frozen:
+                p.requires_grad_(True)
     ctx.members = members
     ctx.outcomes["finetune"] = f"{len(members)} members, {tc.steps} steps each"
