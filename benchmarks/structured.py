@@ -14,8 +14,8 @@ GroupTaylor MLP-unit importance, global ranking with a floor per block), cut thr
 DependencyGraph, then fine-tuned (optionally with logit distillation from the base). MetaPruner:
 GroupTaylorImportance, uniform pruning ratio, head dims pruned (its example's defaults), the ratio
 found by bisection to reach the same FLOPs, `num_heads`/`head_dim`/`attn_dim` set by hand after
-surgery as its example does, then the same fine-tune. For MiniLM (--text, the bundled Rotten
-Tomatoes sample, the whole encoder fine-tuned for the base as in uq_table.py --text) MetaPruner is
+surgery as its example does, then the same fine-tune. For MiniLM (--text: the sentiment
+benchmark and the fully fine-tuned base of recipes/bert_hydra.yaml) MetaPruner is
 used as its BERT example uses it: whole heads removed (`prune_num_heads`, head size kept) and
 `num_attention_heads`/`attention_head_size`/`all_head_size` set by hand. FLOPs per sample by FlopCounterMode,
 latency as the median ratio to the base measured in the same run.
@@ -245,7 +245,7 @@ def main() -> None:
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
     p.add_argument("--targets", nargs="+", type=float, default=[0.7, 0.5, 0.35])
     p.add_argument("--finetune-steps", type=int, default=100)
-    p.add_argument("--text", action="store_true", help="MiniLM on the bundled Rotten Tomatoes sample")
+    p.add_argument("--text", action="store_true", help="MiniLM on recipes/bert_hydra.yaml's sentiment benchmark")
     p.add_argument("--allocation", default="uniform", choices=["uniform", "global"], help="how ours meets the budget")
     p.add_argument("--no-distill", action="store_true", help="skip the 'ours + distill' rows")
     p.add_argument(

@@ -4,11 +4,10 @@ to the base model, a 3-model Deep Ensemble, MC dropout and single pruned models.
     python benchmarks/uq_table.py --rows calibrate --baselines base   # the recipe as it ships, +/- calibrate
     python benchmarks/uq_table.py --rows reinit --de-steps 370         # with a training-matched Deep Ensemble
     python benchmarks/uq_table.py --in-classes 2 3 4 5 6 7 8 9 ...     # another class split
-    python benchmarks/uq_table.py --text --seeds 0 1                   # MiniLM on the Rotten Tomatoes sample
 
 Digits: ID = digits 0-7 (or --in-classes), OOD = the other digits and crops of scikit-learn's
-sample photos, shift = noisy, blurred and rotated test digits; text: fresh vs rotten snippets, OOD =
-plot summaries. Rows are built by the recipe engine from the same cached base per seed; rows that
+sample photos, shift = noisy, blurred and rotated test digits (text: benchmarks/text_table.py).
+Rows are built by the recipe engine from the same cached base per seed; rows that
 share a prune step reuse its masks. Results (mean and std over seeds) go to benchmarks/results/.
 """
 
@@ -171,30 +170,12 @@ ROW_SETS = {
     ],
     # the calibrate step against the same models without it (issue 26), on the recipe as it ships
     "calibrate": ["default recipe (packed)", "default recipe, from the base (paper's pipeline)"],
-    # the text table within the issue's 40 minutes on 2 cores: `average` (2.5x FLOPs, 12 min a
-    # seed alone on 2 cores) only with --rows all
-    "text": ["single taylor-pruned", "hydra taylor pruned"],
 }
 
 
-def text_rows(ft: int) -> dict[str, tuple[str | None, list[dict]]]:
-    tune = {"finetune": {"target": "merged", "steps": ft, "lr": 1e-4, "eval_every": 20, "patience": 3}}
-    taylor = _prune("taylor")
-    return {
-        "single taylor-pruned": ("taylor1", [_prune("taylor", 1), {"merge": {"merger": "plain"}}, tune]),
-        "hydra taylor average": ("taylor", [taylor, _hydra("average"), tune]),
-        "hydra taylor pruned": ("taylor", [taylor, _hydra("pruned"), tune]),
-    }
-
-
-def base_recipe(text: bool) -> dict:
-    if not text:
-        return yaml.safe_load((ROOT / "recipes" / "vit_hydra.yaml").read_text())
-    raw = yaml.safe_load((ROOT / "recipes" / "bert_hydra.yaml").read_text())
-    # the whole encoder fine-tuned (not only the head) for the base and each Deep Ensemble member
-    raw["model"]["train_base"] = {"steps": 120, "batch_size": 32, "lr": 5e-5, "eval_every": 40, "trainable": "all"}
-    raw["data"].update(max_length=32, batch_size=128, calibration_samples=256)
-    return raw
+def base_recipe(text: bool = False) -> dict:
+    """The recipe whose model and data a table uses: vit_hydra.yaml, or bert_hydra.yaml for text."""
+    return yaml.safe_load((ROOT / "recipes" / ("bert_hydra.yaml" if text else "vit_hydra.yaml")).read_text())
 
 
 def finished_summary(out: Path) -> dict[str, dict] | None:
@@ -205,12 +186,12 @@ def finished_summary(out: Path) -> dict[str, dict] | None:
 
 
 def run_row(
-    raw: dict, name: str, steps: list[dict], out: Path, baselines: list[str], resume: bool = False
+    raw: dict, name: str, steps: list[dict], out: Path, baselines: list[str], resume: bool = False, **evaluate
 ) -> dict[str, dict]:
     if resume and (done := finished_summary(out)) is not None:
         return done
     raw = copy.deepcopy(raw)
-    raw["steps"] = steps + [{"evaluate": {"baselines": baselines, "plots": False}}]
+    raw["steps"] = steps + [{"evaluate": {"baselines": baselines, "plots": False, **evaluate}}]
     recipe = validate_recipe(raw, where=f"uq_table:{name}")
     ctx = Runner(recipe, out, quiet=True, overwrite=True).run()
     if "calibrate" in ctx.log:  # what the calibrate step fitted and decided, beside the metrics
@@ -219,7 +200,7 @@ def run_row(
 
 
 def run_seed(args: argparse.Namespace, seed: int, rows: dict, out: Path) -> dict[str, dict]:
-    raw = base_recipe(args.text)
+    raw = base_recipe()
     raw["seed"] = seed
     raw["cache_dir"] = str(out / ".cache")
     if args.in_classes:
@@ -228,7 +209,7 @@ def run_seed(args: argparse.Namespace, seed: int, rows: dict, out: Path) -> dict
         raw["model"]["train_base"]["steps"] = args.base_steps
     result: dict[str, dict] = {}
     t0 = time.time()
-    baselines = args.baselines or ["base", "deep_ensemble"] + ([] if args.text else ["mc_dropout"])
+    baselines = args.baselines or ["base", "deep_ensemble", "mc_dropout"]
     for model_name, row in run_row(
         raw, "baselines", [], out / f"seed{seed}" / "baselines", baselines, args.resume
     ).items():
@@ -301,7 +282,7 @@ def main() -> None:
     p.add_argument(
         "--rows",
         default=None,
-        help="all, main, check, or row names separated by ';' (default: all; with --text, the rows that fit 40 min)",
+        help="all, main, check, or row names separated by ';' (default: all)",
     )
     p.add_argument("--finetune-steps", type=int, default=100)
     p.add_argument(
@@ -320,27 +301,26 @@ def main() -> None:
         "--baselines",
         nargs="+",
         default=None,
-        help="baselines evaluated once per seed (default: base deep_ensemble mc_dropout; text: no mc_dropout)",
+        help="baselines evaluated once per seed (default: base deep_ensemble mc_dropout)",
     )
     p.add_argument("--in-classes", nargs="+", type=int, default=None, help="digits: in-distribution classes")
-    p.add_argument("--text", action="store_true", help="MiniLM on the bundled Rotten Tomatoes sample")
     p.add_argument("--out", default="runs/uq_table")
     p.add_argument("--resume", action="store_true", help="reuse rows already finished under --out")
-    p.add_argument("--tag", default=None, help="results file name (default: digits or text, plus the split)")
+    p.add_argument("--tag", default=None, help="results file name (default: digits, plus the split)")
     p.add_argument("--merge", nargs="+", default=None, metavar="TAG", help="combine result files (seeds) into --tag")
     args = p.parse_args()
     if args.merge:  # seeds run in separate processes, joined into one table
         merge_results([f"uq_table_{t}" for t in args.merge], f"uq_table_{args.tag}", keep="rows")
         return
-    every = text_rows(args.finetune_steps) if args.text else digit_rows(args.finetune_steps)
-    rows_arg = args.rows or ("text" if args.text else "all")
+    every = digit_rows(args.finetune_steps)
+    rows_arg = args.rows or "all"
     wanted = list(every) if rows_arg == "all" else ROW_SETS.get(rows_arg) or rows_arg.split(";")
     rows = {n: every[n] for n in wanted}
     t0 = time.time()
     per_seed = [run_seed(args, s, rows, Path(args.out)) for s in args.seeds]
     split = "" if not args.in_classes else "_in" + "".join(map(str, args.in_classes))
     split += f"_base{args.base_steps}" if args.base_steps else ""
-    tag = args.tag or ("text" if args.text else "digits" + split)
+    tag = args.tag or "digits" + split
     write_results(f"uq_table_{tag}", args.seeds, per_seed, round((time.time() - t0) / 60, 1), rows=wanted)
 
 

@@ -1,0 +1,225 @@
+"""Text benchmark: the paper's Hydra pipeline on all-MiniLM-L6-v2 fine-tuned in full, against the
+fine-tuned base, a 3-model Deep Ensemble of full fine-tunes, MC dropout, a single pruned model and
+post-hoc OOD scores of the base (energy, Mahalanobis, kNN); per OOD set and on their mean.
+
+    python benchmarks/text_table.py --task topics --seed 0 --out runs/text_topics      # one seed
+    python benchmarks/text_table.py --task topics --merge 0 1 2                        # the summary
+
+Run each seed as its own process (one after another per task: the Deep Ensemble of seed s is the
+bases of seeds s, s+1, s+2, cached under --out and shared between seeds). Rows: `main` (Hydra as
+recipes/bert_hydra*.yaml ships, a single pruned model) and `levers` (diversity levers).
+Results: benchmarks/results/text_<task>_seed<s>.json per run (raw, under --out), and
+benchmarks/results/text_<task>.json / .md over seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+from uq_table import RESULTS, ROOT, run_row
+
+from compressor.run.recipe import validate_recipe
+from compressor.run.runner import Runner
+from compressor.uq.metrics import auroc, fpr_at_tpr
+from compressor.uq.posthoc import KNearest, Mahalanobis, energy_score, logits_and_features
+
+RECIPES = {"sentiment": "bert_hydra.yaml", "topics": "bert_hydra_topics.yaml"}
+COLUMNS = [
+    ("acc", "accuracy"), ("NLL", "nll"), ("ECE", "ece"), ("Brier", "brier"), ("AUROC", "auroc_msp"),
+    ("FPR95", "fpr95_msp"), ("AUROC(MI)", "auroc_mi"), ("disagree", "disagreement"),
+    ("FLOPs x", "flops_ratio"), ("params x", "params_ratio"),
+]  # fmt: skip
+
+
+def recipe(task: str) -> dict:
+    return yaml.safe_load((ROOT / "recipes" / RECIPES[task]).read_text())
+
+
+def rows(task: str) -> dict[str, list[dict]]:
+    """Row name -> steps before evaluate (the recipe's own, and variants of its member fine-tune)."""
+    steps = [s for s in recipe(task)["steps"] if next(iter(s)) not in ("evaluate", "export")]
+
+    def variant(**tune: object) -> list[dict]:
+        out = copy.deepcopy(steps)
+        next(s for s in out if "finetune" in s)["finetune"].update(tune)
+        return out
+
+    prune = next(s for s in steps if "prune" in s)["prune"]
+    tune = next(s for s in steps if "finetune" in s)
+    single = {**prune, "members": 1}
+    disjoint = {"pruner": "disjoint", "members": 3, "rank_by": "taylor", "mlp_keep_ratio": prune["mlp_keep_ratio"]}
+    circuit = {**prune, "pruner": "gradient_free", "metric": ["nll", "auroc", "nll+auroc"]}
+    return {
+        "hydra (recipe)": steps,
+        "single pruned model": [{"prune": single}, copy.deepcopy(tune), {"merge": {"merger": "plain"}}],
+        "hydra, disjoint heads (4 per member)": [{"prune": disjoint}, *copy.deepcopy(steps[1:])],
+        "hydra, circuit heads (validation + outliers)": [{"prune": circuit}, *copy.deepcopy(steps[1:])],
+        "hydra, bootstrap data per member": variant(bootstrap=True),
+        "hydra, classifier re-initialised": variant(reinit_head=True),
+        "hydra, last block re-initialised": variant(reinit_blocks=1),
+        "hydra, members tuned 2x longer": variant(steps=300, patience=None),
+    }
+
+
+ROW_SETS = {"main": ["hydra (recipe)", "single pruned model"]}
+
+
+def per_set(folder: Path, model: str) -> dict[str, float]:
+    """AUROC and FPR95 (max-softmax) of every OOD set, from a row's metrics.json."""
+    ood = json.loads((folder / "metrics.json").read_text())["models"][model]["ood"]
+    return {f"{k}/{name}": r[f"{k}_msp"] for name, r in ood.items() for k in ("auroc", "fpr95")}
+
+
+def posthoc_rows(raw: dict, folder: Path, base_row: dict) -> dict[str, dict]:
+    """The base's accuracy and calibration with another OOD score: energy, Mahalanobis, kNN."""
+    ctx = Runner(validate_recipe(copy.deepcopy(raw), where="text_table:posthoc"), folder, quiet=True).setup()
+    bs = ctx.recipe.data["batch_size"]
+    _, train_feats = logits_and_features(ctx.base, ctx.data.train, bs)
+    train_labels = ctx.data.train.tensors[1].numpy()
+    test_logits, test_feats = logits_and_features(ctx.base, ctx.data.test, bs)
+    outside = {name: logits_and_features(ctx.base, ds, bs) for name, ds in ctx.data.ood.items()}
+    mahalanobis, knn = Mahalanobis(train_feats, train_labels), KNearest(train_feats, 10)
+    scorers = {
+        "base + energy score": lambda logits, feats: energy_score(logits),
+        "base + Mahalanobis": lambda logits, feats: mahalanobis.score(feats),
+        "base + kNN (k=10)": lambda logits, feats: knn.score(feats),
+    }
+    keep = ("accuracy", "nll", "ece", "brier", "flops_ratio", "params_ratio")
+    out = {}
+    for name, score in scorers.items():
+        s_in = score(test_logits, test_feats)
+        row = {k: base_row[k] for k in keep if k in base_row}
+        for set_name, (logits, feats) in outside.items():
+            s_out = score(logits, feats)
+            row[f"auroc/{set_name}"], row[f"fpr95/{set_name}"] = auroc(s_in, s_out), fpr_at_tpr(s_in, s_out)
+        row["auroc_msp"] = float(np.mean([v for k, v in row.items() if k.startswith("auroc/")]))
+        row["fpr95_msp"] = float(np.mean([v for k, v in row.items() if k.startswith("fpr95/")]))
+        out[name] = row
+    return out
+
+
+def baseline_rows(raw: dict, seed: int, folder: Path) -> dict[str, dict]:
+    """Base, Deep Ensemble (bases of seeds s, s+1, s+2), MC dropout, and the base's post-hoc scores."""
+    summary = run_row(
+        raw, "baselines", [], folder, ["base", "deep_ensemble", "mc_dropout"],
+        resume=True, deep_ensemble_seeds=[seed + 1, seed + 2], mc_dropout_samples=4,
+    )  # fmt: skip
+    result = {name: {**row, **per_set(folder, name)} for name, row in summary.items()}
+    return result | posthoc_rows(raw, folder, result["base"])
+
+
+def run_seed(
+    task: str, seed: int, wanted: list[str], out: Path, quick: bool = False, baselines: bool = True
+) -> dict[str, dict]:
+    raw = recipe(task)
+    raw.update(seed=seed, cache_dir=str(out / ".cache"))
+    if quick:  # a smoke test of the harness: a few texts and steps
+        raw["data"]["max_samples"] = 40
+        raw["model"]["train_base"].update(steps=2, eval_every=1)
+    folder = out / f"seed{seed}"
+    result: dict[str, dict] = {}
+    t0 = time.time()
+    if baselines:
+        result |= baseline_rows(raw, seed, folder / "baselines")
+        print(f"{task} seed {seed}: baselines ({time.time() - t0:.0f}s)", flush=True)
+    masks: dict[str, Path] = {}
+    for name in wanted:
+        steps = copy.deepcopy(rows(task)[name])
+        if quick:
+            next(s for s in steps if "finetune" in s)["finetune"].update(steps=2, eval_every=1)
+        prune = steps[0]["prune"]
+        key = json.dumps(prune, sort_keys=True)
+        if key in masks:  # the same prune step as an earlier row: its masks
+            kept = {k: prune[k] for k in ("members", "mlp_keep_ratio") if k in prune}
+            steps[0] = {"prune": {"pruner": "file", "path": str(masks[key]), **kept}}
+        row_folder = folder / "".join(c if c.isalnum() else "_" for c in name)
+        t = time.time()
+        summary = run_row(raw, name, steps, row_folder, ["base"], resume=True)
+        masks.setdefault(key, row_folder / "masks.json")
+        model = next(m for m in summary if m != "base")
+        result[name] = {**summary[model], **per_set(row_folder, model), "minutes": (time.time() - t) / 60}
+        print(f"{task} seed {seed}: {name} ({time.time() - t:.0f}s)", flush=True)
+    result["_minutes"] = {"total": (time.time() - t0) / 60}
+    return result
+
+
+def table(mean: dict, std: dict, sets: list[str]) -> str:
+    """Markdown: COLUMNS then AUROC per OOD set, mean ± std over seeds."""
+    cols = [c for c in COLUMNS if any(c[1] in r for r in mean.values())] + [(f"AUROC {s}", f"auroc/{s}") for s in sets]
+    lines = ["| model | " + " | ".join(h for h, _ in cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for name, r in mean.items():
+        cells = []
+        for _, k in cols:
+            if k not in r:
+                cells.append("")
+            elif k.endswith("_ratio"):
+                cells.append(f"{r[k]:.2f}")
+            else:
+                cells.append(f"{r[k]:.3f} ± {std[name][k]:.3f}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def merge(task: str, seeds: list[int]) -> None:
+    """Mean and std over seeds of every row in text_<task>_seed<s>.json: text_<task>.json and .md."""
+    files = {
+        s: sorted(RESULTS.glob(f"text_{task}_seed{s}.json")) + sorted(RESULTS.glob(f"text_{task}_seed{s}_*.json"))
+        for s in seeds
+    }
+    per_seed = []
+    for s, paths in files.items():  # one seed's rows, from its main run and any other part
+        parts = [json.loads(p.read_text()) for p in paths]
+        minutes = sum(p["rows"].get("_minutes", {}).get("total", 0.0) for p in parts)
+        rows = {k: v for p in parts for k, v in p["rows"].items()} | {"_minutes": {"total": minutes}}
+        per_seed.append({"task": task, "seed": s, "rows": rows})
+    names = list(dict.fromkeys(n for p in per_seed for n in p["rows"] if n != "_minutes"))
+    have = {n: [p["rows"][n] for p in per_seed if n in p["rows"]] for n in names}
+    keys = {n: [k for k in have[n][0] if isinstance(have[n][0][k], float) and k != "minutes"] for n in names}
+    mean = {n: {k: float(np.mean([r[k] for r in have[n]])) for k in keys[n]} for n in names}
+    std = {n: {k: float(np.std([r[k] for r in have[n]])) for k in keys[n]} for n in names}
+    sets = [k.split("/", 1)[1] for k in mean["base"] if k.startswith("auroc/")]
+    minutes = {str(p["seed"]): round(p["rows"]["_minutes"]["total"], 1) for p in per_seed}
+    payload = {
+        "task": task, "seeds_per_row": {n: [p["seed"] for p in per_seed if n in p["rows"]] for n in names},
+        "minutes_per_seed": minutes, "mean": mean, "std": std, "per_seed": per_seed,
+    }  # fmt: skip
+    (RESULTS / f"text_{task}.json").write_text(json.dumps(payload, indent=1))
+    md = table(mean, std, sets)
+    (RESULTS / f"text_{task}.md").write_text(md)
+    for path in (p for paths in files.values() for p in paths):
+        path.unlink()
+    print(md)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--task", choices=sorted(RECIPES), required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rows", default="main", help="main, levers, all, or row names separated by ';'")
+    p.add_argument("--out", default=None, help="run folder (default runs/text_<task>)")
+    p.add_argument("--no-baselines", action="store_true", help="only the rows (another process runs the baselines)")
+    p.add_argument("--quick", action="store_true", help="a smoke test: 40 texts per set, 2 training steps")
+    p.add_argument("--merge", nargs="+", type=int, default=None, metavar="SEED", help="join these seeds' results")
+    args = p.parse_args()
+    if args.merge:
+        merge(args.task, args.merge)
+        return
+    every = list(rows(args.task))
+    levers = [n for n in every if n not in ROW_SETS["main"]]
+    wanted = {"main": ROW_SETS["main"], "levers": levers, "all": every}.get(args.rows) or args.rows.split(";")
+    out = Path(args.out or f"runs/text_{args.task}")
+    result = run_seed(args.task, args.seed, wanted, out, args.quick, baselines=not args.no_baselines)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    payload = {"task": args.task, "seed": args.seed, "rows": result}
+    part = "" if args.rows == "main" else "_" + "".join(c if c.isalnum() else "_" for c in args.rows)[:40]
+    (RESULTS / f"text_{args.task}_seed{args.seed}{part}.json").write_text(json.dumps(payload, indent=1))
+
+
+if __name__ == "__main__":
+    main()
