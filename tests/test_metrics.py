@@ -113,7 +113,7 @@ def test_brier_without_one_hot_equals_the_definition():
 def test_logits_are_refused_with_the_function_named():
     logits = np.array([[2.0, -1.0], [0.5, 3.0]])
     for fn in (M.nll, M.brier, M.ece):
-        with pytest.raises(ValueError, match=rf"{fn.__name__}: expected probabilities .* logits\?"):
+        with pytest.raises(ValueError, match=rf"{fn.__name__}: probs: expected probabilities .* logits\?"):
             fn(logits, np.array([0, 1]))
 
 

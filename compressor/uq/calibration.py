@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from compressor.core.errors import OptionError
+from compressor.core.errors import MetricInputError, OptionError
 from compressor.uq.metrics import tpr_threshold
 from compressor.uq.outputs import EnsembleOutput, logits_reader
 
@@ -109,6 +109,26 @@ def _fit_members(logits: torch.Tensor, labels: torch.Tensor, lo: float, hi: floa
     return log_t.detach().exp().clamp(lo, hi).float()
 
 
+def check_logits_and_labels(member_logits: torch.Tensor, labels: torch.Tensor, fn: str) -> None:
+    """One-line `MetricInputError` unless `member_logits` is a finite [M, N, C] tensor with N >= 1
+    and `labels` holds N integer class indices in [0, C)."""
+    if member_logits.ndim != 3 or 0 in member_logits.shape:
+        raise MetricInputError(
+            f"{fn}: member_logits: expected [M, N, C] logits, got shape {tuple(member_logits.shape)}"
+        )
+    if not bool(torch.isfinite(member_logits).all()):
+        raise MetricInputError(f"{fn}: member_logits: NaN or infinite values; expected finite logits")
+    _, n, classes = member_logits.shape
+    if labels.ndim != 1 or len(labels) != n:
+        raise MetricInputError(f"{fn}: labels: expected {n} labels (one per sample), got shape {tuple(labels.shape)}")
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise MetricInputError(f"{fn}: labels: expected integer class indices, got {labels.dtype}")
+    if int(labels.min()) < 0 or int(labels.max()) >= classes:
+        raise MetricInputError(
+            f"{fn}: labels: expected class indices in [0, {classes}), got {int(labels.min())}..{int(labels.max())}"
+        )
+
+
 def fit_temperature(
     member_logits: torch.Tensor,
     labels: torch.Tensor,
@@ -117,6 +137,7 @@ def fit_temperature(
 ) -> torch.Tensor:
     """The temperature(s) in `bounds` minimising the held-out NLL of the calibrated ensemble:
     [1] on the ensemble's log-probabilities, or [M] per member (`per_member`)."""
+    check_logits_and_labels(member_logits, labels, "fit_temperature")
     logits = member_logits.detach()
     lo, hi = bounds
     if per_member:
@@ -153,6 +174,7 @@ def fit_checked_temperature(
     held-out errors; judged by `folds`-fold cross-fitting and kept only when the cross-fitted NLL
     gain exceeds NOISE_SE standard errors of the per-sample gains; otherwise 1.0.
     """
+    check_logits_and_labels(member_logits, labels, "fit_checked_temperature")
     logits = member_logits.detach().double()
     labels = labels.long()
     scope = "member" if per_member else "ensemble"

@@ -1,8 +1,10 @@
 """Accuracy, calibration, OOD-detection and ensemble-diversity metrics.
 
-All functions take numpy arrays or tensors of probabilities (never logits: rows that do not sum to
-1 raise a ValueError naming the function) and return floats; per-sample work runs in row chunks,
-so 1M samples x 1,000 classes fit in memory.
+All functions take numpy arrays or tensors of probabilities and return floats. Every input is
+checked by one set of validators before any work: probabilities finite, non-negative, rows summing
+to 1 (logits are refused), labels integers in range with one per row, scores finite, nothing empty;
+a failure is a one-line `MetricInputError` naming the function and the argument. Per-sample work
+runs in row chunks, so 1M samples x 1,000 classes fit in memory.
 `probs` is [N, C]; ensemble functions take `member_probs` [M, N, C]. OOD scores follow the
 convention "higher = more likely OOD" and the OOD set is the positive class for AUROC/AUPR.
 """
@@ -33,18 +35,65 @@ def _array(a) -> np.ndarray:
     return np.asarray(a)
 
 
-def _rows(probs, fn: str, dtype: type | None = np.float64):
-    """Yield chunks of the rows of `probs` [N, C] (as `dtype`; None keeps the input's), checking
-    that they are probabilities."""
+# --- input validation (one entry per kind of argument) -------------------------------------------
+def _probs(probs, fn: str, name: str = "probs") -> np.ndarray:
+    """`probs` as a non-empty [N, C] array (no copy); its values are checked chunk by chunk in `_rows`."""
     p = _array(probs)
     if p.ndim != 2:
-        raise MetricInputError(f"{fn}: expected probabilities [N, C], got shape {tuple(p.shape)}")
+        raise MetricInputError(f"{fn}: {name}: expected probabilities [N, C], got shape {tuple(p.shape)}")
+    if p.shape[0] == 0 or p.shape[1] == 0:
+        raise MetricInputError(f"{fn}: {name}: empty (shape {tuple(p.shape)}); expected at least one sample")
+    return p
+
+
+def _member_probs(member_probs, fn: str) -> np.ndarray:
+    """`member_probs` as a non-empty [M, N, C] array of probabilities (every member's rows checked)."""
+    mp = _array(member_probs)
+    if mp.ndim != 3 or 0 in mp.shape:
+        raise MetricInputError(f"{fn}: member_probs: expected probabilities [M, N, C], got shape {tuple(mp.shape)}")
+    for m in mp:
+        for _ in _rows(m, fn, dtype=None, name="member_probs"):
+            pass
+    return mp
+
+
+def _labels(labels, n: int, classes: int, fn: str) -> np.ndarray:
+    """`labels` as int64 [N]: one integer class index in [0, classes) per row of the probabilities."""
+    y = _array(labels)
+    if y.ndim != 1 or len(y) != n:
+        raise MetricInputError(f"{fn}: labels: expected {n} labels (one per row of probs), got shape {tuple(y.shape)}")
+    if not np.issubdtype(y.dtype, np.integer):
+        if not np.issubdtype(y.dtype, np.number) or not np.all(np.isfinite(y)) or np.any(y != np.round(y)):
+            raise MetricInputError(f"{fn}: labels: expected integer class indices, got non-integer {y.dtype} values")
+    y = y.astype(np.int64)
+    if y.min() < 0 or y.max() >= classes:
+        raise MetricInputError(f"{fn}: labels: expected class indices in [0, {classes}), got {y.min()}..{y.max()}")
+    return y
+
+
+def _scores(score, fn: str, name: str) -> np.ndarray:
+    """`score` as a non-empty, finite float64 vector [N] (one OOD score per sample)."""
+    s = _np(score)
+    if s.ndim != 1 or len(s) == 0:
+        raise MetricInputError(f"{fn}: {name}: expected a non-empty vector of scores, got shape {tuple(s.shape)}")
+    if not np.all(np.isfinite(s)):
+        bad = int((~np.isfinite(s)).sum())
+        raise MetricInputError(f"{fn}: {name}: {bad} of {len(s)} scores are NaN or infinite; expected finite scores")
+    return s
+
+
+def _rows(probs, fn: str, dtype: type | None = np.float64, name: str = "probs"):
+    """Yield chunks of the rows of `probs` [N, C] (as `dtype`; None keeps the input's), checking
+    that they are probabilities."""
+    p = _probs(probs, fn, name)
     for start in range(0, len(p), CHUNK):
         chunk = np.asarray(p[start : start + CHUNK], dtype=dtype)
-        sums = chunk.sum(-1)
-        if chunk.size and (chunk.min() < -1e-6 or np.abs(sums - 1).max() > 1e-3):
+        if not np.all(np.isfinite(chunk)):
+            raise MetricInputError(f"{fn}: {name}: NaN or infinite values; expected probabilities")
+        sums = chunk.sum(-1, dtype=np.float64)
+        if chunk.min() < -1e-6 or np.abs(sums - 1).max() > 1e-3:
             raise MetricInputError(
-                f"{fn}: expected probabilities (rows in [0, 1] summing to 1); got rows summing to "
+                f"{fn}: {name}: expected probabilities (rows in [0, 1] summing to 1); got rows summing to "
                 f"{sums.min():.3g}..{sums.max():.3g}: logits? apply softmax first"
             )
         yield start, chunk
@@ -56,17 +105,24 @@ def _top(probs, fn: str) -> tuple[np.ndarray, np.ndarray]:
     for _, c in _rows(probs, fn, dtype=None):  # max and argmax need no float64 copy
         conf.append(c.max(-1).astype(np.float64))
         pred.append(c.argmax(-1))
-    return np.concatenate(conf) if conf else np.zeros(0), np.concatenate(pred) if pred else np.zeros(0, int)
+    return np.concatenate(conf), np.concatenate(pred)
+
+
+def _top_and_labels(probs, labels, fn: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(confidence, prediction, labels) per sample, every argument checked."""
+    y = _labels(labels, *_probs(probs, fn).shape, fn)
+    conf, pred = _top(probs, fn)
+    return conf, pred, y
 
 
 def accuracy(probs, labels) -> float:
-    _, pred = _top(probs, "accuracy")
-    return float((pred == _np(labels)).mean())
+    _, pred, y = _top_and_labels(probs, labels, "accuracy")
+    return float((pred == y).mean())
 
 
 def nll(probs, labels) -> float:
     """Mean negative log-likelihood of the true class (probabilities clipped at 1e-12)."""
-    y = _np(labels).astype(int)
+    y = _labels(labels, *_probs(probs, "nll").shape, "nll")
     true = np.concatenate([c[np.arange(len(c)), y[s : s + len(c)]] for s, c in _rows(probs, "nll")])
     return float(-np.log(np.clip(true, EPS, 1.0)).mean())
 
@@ -74,7 +130,7 @@ def nll(probs, labels) -> float:
 def brier(probs, labels) -> float:
     """Mean over samples of sum over classes of (p - onehot)^2 (range 0..2), computed as
     sum_c p_c^2 - 2 p_y + 1 per sample (no one-hot matrix)."""
-    y = _np(labels).astype(int)
+    y = _labels(labels, *_probs(probs, "brier").shape, "brier")
     total = 0.0
     for s, c in _rows(probs, "brier"):
         total += float((np.einsum("ij,ij->i", c, c) - 2 * c[np.arange(len(c)), y[s : s + len(c)]] + 1).sum())
@@ -90,30 +146,29 @@ def _bin_index(conf: np.ndarray, bins: int) -> np.ndarray:
 
 def ece(probs, labels, bins: int = 15) -> float:
     """Top-label expected calibration error with `bins` equal-width confidence bins (a, b]."""
-    conf, pred = _top(probs, "ece")
-    correct = (pred == _np(labels)).astype(float)
+    conf, pred, y = _top_and_labels(probs, labels, "ece")
+    correct = (pred == y).astype(float)
     idx = _bin_index(conf, bins)
-    counts = np.bincount(idx, minlength=bins)
     gap = np.abs(np.bincount(idx, correct, bins) - np.bincount(idx, conf, bins))
-    return float(gap.sum() / max(len(conf), 1)) if counts.any() else 0.0
+    return float(gap.sum() / len(conf))
 
 
 def adaptive_ece(probs, labels, bins: int = 15) -> float:
-    """Top-label ECE with equal-mass bins (samples sorted by confidence, split into `bins`)."""
-    conf, pred = _top(probs, "adaptive_ece")
-    correct = (pred == _np(labels)).astype(float)
+    """Top-label ECE with equal-mass bins (samples sorted by confidence, split into `bins`); samples
+    of equal confidence share the bin where their run starts, so the value ignores sample order."""
+    conf, pred, y = _top_and_labels(probs, labels, "adaptive_ece")
     order = np.argsort(conf, kind="stable")
-    total = 0.0
-    for chunk in np.array_split(order, bins):
-        if len(chunk):
-            total += len(chunk) / len(conf) * abs(correct[chunk].mean() - conf[chunk].mean())
-    return float(total)
+    conf, correct = conf[order], (pred == y)[order].astype(float)
+    by_position = np.repeat(np.arange(bins), [len(c) for c in np.array_split(np.arange(len(conf)), bins)])
+    _, first, group = np.unique(conf, return_index=True, return_inverse=True)
+    idx = by_position[first][group]
+    return float(np.abs(np.bincount(idx, correct, bins) - np.bincount(idx, conf, bins)).sum() / len(conf))
 
 
 def reliability_bins(probs, labels, bins: int = 15) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per equal-width bin (a, b]: mean confidence, accuracy and sample count (for reliability diagrams)."""
-    conf, pred = _top(probs, "reliability_bins")
-    correct = (pred == _np(labels)).astype(float)
+    conf, pred, y = _top_and_labels(probs, labels, "reliability_bins")
+    correct = (pred == y).astype(float)
     idx = _bin_index(conf, bins)
     counts = np.bincount(idx, minlength=bins).astype(float)
     safe = np.maximum(counts, 1)
@@ -134,11 +189,8 @@ def entropy_score(probs) -> np.ndarray:
 
 def mutual_information_score(member_probs) -> np.ndarray:
     """H(mean_m p_m) - mean_m H(p_m) (`compressor.uq.scores.mutual_information`, float64)."""
-    mp = _np(member_probs)
-    for p in mp:
-        for _ in _rows(p, "mutual_information_score"):  # every member's rows must be probabilities
-            pass
-    return scores.mutual_information(torch.from_numpy(mp)).numpy()
+    mp = _member_probs(member_probs, "mutual_information_score")
+    return scores.mutual_information(torch.from_numpy(np.asarray(mp, dtype=np.float64))).numpy()
 
 
 # --- OOD detection ---------------------------------------------------------------------------
@@ -157,12 +209,12 @@ def _rank_auc(pos: np.ndarray, neg: np.ndarray) -> float:
 
 def auroc(score_in, score_out) -> float:
     """Area under the ROC curve for telling OOD (positive) from ID by `score` (Mann-Whitney U)."""
-    return _rank_auc(_np(score_out), _np(score_in))
+    return _rank_auc(_scores(score_out, "auroc", "score_out"), _scores(score_in, "auroc", "score_in"))
 
 
 def aupr(score_in, score_out) -> float:
     """Average precision with OOD as the positive class (AUPR-Out), step-wise like scikit-learn."""
-    s_in, s_out = _np(score_in), _np(score_out)
+    s_in, s_out = _scores(score_in, "aupr", "score_in"), _scores(score_out, "aupr", "score_out")
     scores = np.concatenate([s_out, s_in])
     is_pos = np.concatenate([np.ones(len(s_out)), np.zeros(len(s_in))])
     order = np.argsort(-scores, kind="mergesort")
@@ -178,7 +230,9 @@ def aupr(score_in, score_out) -> float:
 def tpr_threshold(score_in, tpr: float = 0.95) -> float:
     """The smallest ID score that accepts (score <= it) at least `tpr` of ID samples: the k-th
     smallest for the least k with k / N_id >= tpr (the threshold FPR95 and the stored OOD threshold use)."""
-    s_in = np.sort(_np(score_in))
+    if not 0.0 < tpr <= 1.0:
+        raise MetricInputError(f"tpr_threshold: tpr: expected a share in (0, 1], got {tpr}")
+    s_in = np.sort(_scores(score_in, "tpr_threshold", "score_in"))
     n = len(s_in)
     k = max(1, int(np.floor(tpr * n)) - 1)
     while k < n and k / n < tpr:
@@ -194,36 +248,42 @@ def fpr_at_tpr(score_in, score_out, tpr: float = 0.95) -> float:
     the k-th smallest ID score for the least k with k / N_id >= tpr. (torch-uncertainty's routine
     and pytorch-ood's default take OOD as the positive class instead.) O(N log N) time, O(N) memory.
     """
-    s_out = np.sort(_np(score_out))
+    s_out = np.sort(_scores(score_out, "fpr_at_tpr", "score_out"))
     return float(np.searchsorted(s_out, tpr_threshold(score_in, tpr), side="right") / len(s_out))
 
 
 # --- selective prediction ----------------------------------------------------------------------
-def risk_coverage(probs, labels) -> tuple[np.ndarray, np.ndarray]:
-    """Coverage k/N and selective risk (error rate of the k most confident samples), k = 1..N."""
-    conf, pred = _top(probs, "risk_coverage")
-    errors = (pred != _np(labels)).astype(float)[np.argsort(-conf, kind="stable")]
-    k = np.arange(1, len(errors) + 1)
-    return k / len(errors), np.cumsum(errors) / k
+def risk_coverage(probs, labels, _fn: str = "risk_coverage") -> tuple[np.ndarray, np.ndarray]:
+    """Coverage and selective risk (error rate of the accepted samples) at every distinct confidence
+    threshold, from the most confident down. Samples with equal confidence are accepted together
+    (one threshold), so the curve does not depend on the order of the samples."""
+    conf, pred, y = _top_and_labels(probs, labels, _fn)
+    order = np.argsort(-conf, kind="stable")
+    conf, errors = conf[order], (pred != y)[order].astype(float)
+    last_of_tie = np.r_[conf[1:] != conf[:-1], True]
+    accepted = np.arange(1, len(conf) + 1)[last_of_tie]
+    return accepted / len(conf), np.cumsum(errors)[last_of_tie] / accepted
 
 
 def aurc(probs, labels) -> float:
-    """Area under the risk-coverage curve (Geifman & El-Yaniv 2017): the mean selective risk over
-    coverages 1/N..1, samples accepted by decreasing max-softmax confidence. Lower is better."""
-    return float(risk_coverage(probs, labels)[1].mean())
+    """Area under the risk-coverage curve (Geifman & El-Yaniv 2017): the selective risk averaged
+    over coverage, each threshold weighted by the share of samples it adds (1/N each without
+    ties, so the mean over coverages 1/N..1). Lower is better; invariant to sample order."""
+    coverage, risk = risk_coverage(probs, labels, "aurc")
+    return float((np.diff(coverage, prepend=0.0) * risk).sum())
 
 
 def augrc(probs, labels) -> float:
-    """Area under the generalized risk-coverage curve (Traub et al. 2024): the mean over coverages
-    of the share of ALL samples that are accepted and wrong. Lower is better."""
-    coverage, risk = risk_coverage(probs, labels)
-    return float((risk * coverage).mean())
+    """Area under the generalized risk-coverage curve (Traub et al. 2024): the share of ALL samples
+    that are accepted and wrong, averaged over coverage like `aurc`. Lower is better."""
+    coverage, risk = risk_coverage(probs, labels, "augrc")
+    return float((np.diff(coverage, prepend=0.0) * risk * coverage).sum())
 
 
 # --- ensemble diversity ------------------------------------------------------------------------
 def disagreement(member_probs) -> float:
     """Mean over member pairs of the share of samples on which their top-1 predictions differ."""
-    preds = _np(member_probs).argmax(-1)
+    preds = _member_probs(member_probs, "disagreement").argmax(-1)
     m = len(preds)
     if m < 2:
         return 0.0
@@ -233,7 +293,7 @@ def disagreement(member_probs) -> float:
 
 def pairwise_kl(member_probs) -> float:
     """Mean over ordered member pairs (i != j) of the mean KL(p_i || p_j)."""
-    mp = np.clip(_np(member_probs), EPS, 1.0)
+    mp = np.clip(np.asarray(_member_probs(member_probs, "pairwise_kl"), dtype=np.float64), EPS, 1.0)
     m = len(mp)
     if m < 2:
         return 0.0
@@ -247,8 +307,8 @@ SCORE_FUNCTIONS = {"msp": max_prob_score, "entropy": entropy_score}  # per ensem
 def classification_report(member_probs, labels, probs=None) -> dict[str, float]:
     """Accuracy, NLL, Brier, ECE, adaptive ECE, AURC and AUGRC of the ensemble prediction `probs`
     (default: the members' mean), plus member accuracy and diversity."""
-    mp = _np(member_probs)
-    p = mp.mean(0) if probs is None else _np(probs)
+    mp = _member_probs(member_probs, "classification_report")  # no float64 copy: chunks convert
+    p = mp.mean(0) if probs is None else _array(probs)
     out = {
         "accuracy": accuracy(p, labels),
         "nll": nll(p, labels),
@@ -268,9 +328,9 @@ def classification_report(member_probs, labels, probs=None) -> dict[str, float]:
 def ood_report(member_probs_in, member_probs_out, probs_in=None, probs_out=None) -> dict[str, float]:
     """AUROC, AUPR and FPR95 for every applicable score (MSP and entropy of the ensemble prediction,
     by default the members' mean; MI of the members for ensembles)."""
-    mi, mo = _np(member_probs_in), _np(member_probs_out)
-    p_in = mi.mean(0) if probs_in is None else _np(probs_in)
-    p_out = mo.mean(0) if probs_out is None else _np(probs_out)
+    mi, mo = _member_probs(member_probs_in, "ood_report"), _member_probs(member_probs_out, "ood_report")
+    p_in = mi.mean(0) if probs_in is None else _array(probs_in)
+    p_out = mo.mean(0) if probs_out is None else _array(probs_out)
     per_score = {name: (f(p_in), f(p_out)) for name, f in SCORE_FUNCTIONS.items()}
     if len(mi) > 1:
         per_score["mi"] = (mutual_information_score(mi), mutual_information_score(mo))
