@@ -70,6 +70,8 @@ def test_image_folder_follows_the_model_and_predicts(tmp_path, monkeypatch, caps
     # refused (no OOD flag) and the report says why
     report = (tmp_path / "runs" / "folder" / "report.md").read_text()
     assert config["calibration"]["ood"].get("score") == "msp" or "refused, no OOD threshold stored" in report
+    # a held-out split this small cannot certify 90% coverage: no sets, and the report says so
+    assert config["calibration"]["conformal"] or "cannot certify coverage 0.9" in report
     out = tmp_path / "p.jsonl"
     assert main(["predict", str(tmp_path / "runs" / "folder" / "export"), str(root / "val"), "--out", str(out)]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -99,3 +101,10 @@ def test_default_recipe_runs_on_the_cpu_in_bf16(tmp_path):
     loaded = compressor.load(out_dir / "export")
     assert type(loaded).__name__ == "Calibrated" and loaded.ood["score"] == "msp"
     assert "**calibrate**" in (out_dir / "report.md").read_text()
+    # and stores conformal thresholds; evaluate reports test coverage and set size for Hydra and the base
+    assert loaded.conformal["coverage"] == 0.9 and loaded.conformal["method"] == "lac"
+    assert "prediction sets (lac, coverage 90%)" in (out_dir / "report.md").read_text()
+    for model in ("hydra", "base"):
+        row = metrics["summary"][model]
+        assert 0.0 <= row["coverage_lac"] <= 1.0 and 0.0 <= row["set_size_lac"] <= 8.0
+        assert 0.0 <= row["coverage_aps"] <= 1.0 and 1.0 <= row["set_size_aps"] <= 8.0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import platform
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
@@ -27,6 +28,7 @@ from compressor.core.registry import names, resolve
 from compressor.core.schema import Field, validate_mapping
 from compressor.core.weights import load_weights, save_weights
 from compressor.uq.calibration import TEMPERATURE_SCOPES, Calibrated
+from compressor.uq.conformal import CONFORMAL_METHODS
 from compressor.uq.scores import OOD_SCORES
 
 FORMAT = "compressor.export/2"
@@ -147,11 +149,21 @@ def _ood(v: dict) -> str | None:
     return None if ok else f"a score ({', '.join(OOD_SCORES)}) and a threshold"
 
 
+def _conformal(v: dict) -> str | None:
+    def share(x: object) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and 0 <= x <= 1
+
+    methods_ok = all(share(v.get(m)) for m in CONFORMAL_METHODS) and v.get("method") in CONFORMAL_METHODS
+    ok = not v or (share(v.get("coverage")) and 0 < v["coverage"] < 1 and methods_ok)
+    return None if ok else f"a coverage in (0, 1), a method ({', '.join(CONFORMAL_METHODS)}) and thresholds in [0, 1]"
+
+
 CALIBRATION_SCHEMA = {
     "temperature": Field((list,), required=True, check=_positive_list),
     # exports written before the scope was recorded applied their temperatures per member
     "temperature_scope": Field((str,), "member", choices=TEMPERATURE_SCOPES),
     "ood": Field((dict, type(None)), None, check=lambda v: _ood(v or {})),
+    "conformal": Field((dict, type(None)), None, check=lambda v: _conformal(v or {})),
 }
 CONFIG_SCHEMA = {
     "format": Field((str,), required=True),
@@ -233,7 +245,8 @@ def load_export(path: str | Path, map_location: str = "cpu") -> nn.Module:
     calibration = cfg.get("calibration")
     if calibration:
         scope = calibration["temperature_scope"]
-        model = Calibrated(model, torch.tensor(calibration["temperature"]), calibration["ood"], scope)
+        temperature = torch.tensor(calibration["temperature"])
+        model = Calibrated(model, temperature, calibration["ood"], scope, calibration["conformal"])
     model.class_names = cfg.get("class_names") or []
     model.preprocessing = _attach_preprocessing(model, cfg.get("preprocessing"), path)
     return model.to(map_location).eval()

@@ -6,7 +6,8 @@ They are turned into model inputs by the export's recorded preprocessing (a timm
 or the export's tokenizer). Each sample gets the predicted class and its probability, the top-k,
 the max-softmax probability and the entropy, and for ensembles the mutual information, the share
 of members that disagree with the ensemble and every member's prediction; `ood` is true when the
-export's stored threshold (set by the calibrate step) flags the sample.
+export's stored threshold (set by the calibrate step) flags the sample; `prediction_set` (most
+probable first) and `set_size` are its conformal prediction set, when the export stores thresholds.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tqdm.auto import tqdm
 from compressor.core.errors import InputError
 from compressor.core.io import json_text
 from compressor.uq.calibration import Calibrated
+from compressor.uq.conformal import prediction_sets
 from compressor.uq.outputs import ensemble_probs, logits_reader
 from compressor.uq.scores import ood_score
 
@@ -96,7 +98,13 @@ def _batches(model: nn.Module, inputs: Path, batch_size: int) -> Iterator[tuple[
 
 
 def _rows(
-    names: Sequence[str], logits: torch.Tensor, mean: torch.Tensor, classes: Sequence[str], ood: dict, top_k: int
+    names: Sequence[str],
+    logits: torch.Tensor,
+    mean: torch.Tensor,
+    classes: Sequence[str],
+    ood: dict,
+    top_k: int,
+    conformal: dict | None = None,
 ) -> list[dict]:
     """One row per input from member logits [M, B] and the ensemble prediction `mean` [B, C]
     (scores in float64, as the calibrate step computed the threshold)."""
@@ -109,6 +117,8 @@ def _rows(
     mi = ood_score(probs, "mi") if ensemble else None
     member_pred = probs.argmax(-1)  # [M, B]
     score = ood_score(probs, ood["score"], mean) if ood else None
+    method = (conformal or {}).get("method")
+    sets = prediction_sets(mean, conformal[method], method) if method else None
     name = lambda c: classes[c] if c < len(classes) else str(c)  # noqa: E731
     rows = []
     for i, n in enumerate(names):
@@ -126,6 +136,10 @@ def _rows(
             row["member_predictions"] = [name(int(c)) for c in member_pred[:, i]]
         row["ood_score"] = None if score is None else round(float(score[i]), 6)
         row["ood"] = None if score is None else bool(score[i] > ood["threshold"])
+        if sets is not None:
+            members = sets[i].nonzero().flatten().tolist()
+            row["prediction_set"] = [name(c) for c in sorted(members, key=lambda c: -float(mean[i, c]))]
+            row["set_size"] = len(members)
         rows.append(row)
     return rows
 
@@ -151,12 +165,13 @@ def predict_inputs(
     model = model.to(device).eval()
     read = logits_reader(model)
     ood = model.ood if isinstance(model, Calibrated) else {}
+    conformal = model.conformal if isinstance(model, Calibrated) else {}
     classes = list(getattr(model, "class_names", []) or [])
     rows: list[dict] = []
     for names, x in tqdm(list(_batches(model, inputs, batch_size)), desc="predict", disable=not progress):
         out = model(x.to(device))
         logits = read(out)
-        rows += _rows(names, logits, ensemble_probs(out, logits), classes, ood, top_k)
+        rows += _rows(names, logits, ensemble_probs(out, logits), classes, ood, top_k, conformal)
     return rows
 
 

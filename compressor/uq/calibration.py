@@ -264,8 +264,9 @@ def checked_ood_threshold(
 
 
 class Calibrated(nn.Module):
-    """`model` with a temperature and an OOD threshold attached (`ood`: {"score", "tpr",
-    "threshold"}, or empty). Scope 'ensemble': one temperature on the ensemble's log-probabilities
+    """`model` with a temperature, an OOD threshold (`ood`: {"score", "tpr", "threshold"}, or
+    empty) and conformal thresholds (`conformal`: {"coverage", "method", "lac", "aps"}, or empty)
+    attached. Scope 'ensemble': one temperature on the ensemble's log-probabilities
     (members' logits untouched); 'member': member logits divided by `temperature` ([M] or [1]).
     Output: EnsembleOutput whose `probs` is the calibrated ensemble prediction (float64)."""
 
@@ -275,6 +276,7 @@ class Calibrated(nn.Module):
         temperature: torch.Tensor | float = 1.0,
         ood: dict | None = None,
         scope: str = "ensemble",
+        conformal: dict | None = None,
     ) -> None:
         super().__init__()
         if scope not in TEMPERATURE_SCOPES:
@@ -283,6 +285,7 @@ class Calibrated(nn.Module):
         self.register_buffer("temperature", torch.as_tensor(temperature, dtype=torch.float32).flatten().clone())
         self.scope = scope
         self.ood = dict(ood or {})
+        self.conformal = dict(conformal or {})
         self._read = logits_reader(model)
 
     @property
@@ -294,5 +297,10 @@ class Calibrated(nn.Module):
         return apply_temperature(self._read(self.model(x)), self.temperature, self.scope)
 
     def config(self) -> dict:
-        """What an export records: the temperatures, their scope and the OOD threshold."""
-        return {"temperature": self.temperature.tolist(), "temperature_scope": self.scope, "ood": self.ood}
+        """What an export records: the temperatures, their scope, the OOD and conformal thresholds."""
+        return {
+            "temperature": self.temperature.tolist(),
+            "temperature_scope": self.scope,
+            "ood": self.ood,
+            "conformal": self.conformal or None,
+        }

@@ -10,9 +10,18 @@ import torch
 from torch import nn
 
 from compressor.core.device import model_device, synchronize
+from compressor.core.errors import MetricInputError
 from compressor.core.io import atomic_write_text, json_text
 from compressor.core.modes import evaluating
 from compressor.data.bundle import DataBundle
+from compressor.uq.calibration import Calibrated
+from compressor.uq.conformal import (
+    CONFORMAL_METHODS,
+    DEFAULT_COVERAGE,
+    coverage_and_size,
+    fit_conformal,
+    prediction_sets,
+)
 from compressor.uq.inference import predict
 from compressor.uq.metrics import classification_report, ood_report
 
@@ -29,6 +38,10 @@ SUMMARY_COLUMNS = [
     ("AUROC near", "auroc_near"),
     ("AUROC far", "auroc_far"),
     ("AURC", "aurc"),
+    ("cov LAC", "coverage_lac"),
+    ("size LAC", "set_size_lac"),
+    ("cov APS", "coverage_aps"),
+    ("size APS", "set_size_aps"),
     ("disagree", "disagreement"),
     ("shift acc", "shift_accuracy"),
     ("shift NLL", "shift_nll"),
@@ -73,16 +86,41 @@ def median_latency(model: nn.Module, x: torch.Tensor, repeats: int = 7) -> float
     return float(np.median(times))
 
 
-def evaluate_model(model: nn.Module, data: DataBundle, batch_size: int = 256, keep: dict | None = None) -> dict:
+def conformal_test_report(model: nn.Module, data: DataBundle, test, batch_size: int, coverage: float) -> dict:
+    """Test-split coverage and mean set size of LAC and APS prediction sets: with the thresholds the
+    calibrate step stored in the model, else fitted here on the held-out split at `coverage`
+    (nothing when there is no held-out split or it is too small for that coverage)."""
+    thresholds = model.conformal if isinstance(model, Calibrated) else None
+    if not thresholds and data.val is not None:
+        held = predict(model, data.val, batch_size)
+        try:
+            thresholds = fit_conformal(held.probs, held.labels, coverage)
+        except MetricInputError:
+            thresholds = None
+    out = {}
+    for method in CONFORMAL_METHODS if thresholds else ():
+        sets = prediction_sets(test.probs, thresholds[method], method)
+        out[f"coverage_{method}"], out[f"set_size_{method}"] = coverage_and_size(sets, test.labels)
+    return out
+
+
+def evaluate_model(
+    model: nn.Module,
+    data: DataBundle,
+    batch_size: int = 256,
+    keep: dict | None = None,
+    coverage: float = DEFAULT_COVERAGE,
+) -> dict:
     """Test, OOD and shift metrics of one model (ensemble metrics from its own ensemble prediction,
     which is calibrated where the model is; diversity from its member probabilities).
 
     `keep`, when given, receives the ensemble probabilities behind them (for plots): keep["test"] =
-    (probs, labels), keep["ood"][name] = probs.
+    (probs, labels), keep["ood"][name] = probs. Conformal sets: `conformal_test_report`.
     """
     test = predict(model, data.test, batch_size)
     out: dict = {
-        "test": classification_report(test.member_probs, test.labels, test.probs),
+        "test": classification_report(test.member_probs, test.labels, test.probs)
+        | conformal_test_report(model, data, test, batch_size, coverage),
         "ood": {},
         "shift": {},
         "ood_kind": data.ood_kinds,
@@ -152,13 +190,16 @@ def evaluate_models(
     reference: str | None = None,
     write: bool = True,
 ) -> dict:
-    """Evaluate every model; write metrics.json and metrics.md under `out_dir` (if `write`); return them."""
+    """Evaluate every model; write metrics.json and metrics.md under `out_dir` (if `write`); return them.
+    Conformal sets of every model at the coverage a calibrated model stores (else DEFAULT_COVERAGE)."""
+    stored = [m.conformal["coverage"] for m in models.values() if isinstance(m, Calibrated) and m.conformal]
+    coverage = stored[0] if stored else DEFAULT_COVERAGE
     results, arrays = {}, {}
     x = next(iter(torch.utils.data.DataLoader(data.test, batch_size=64)))[0]
     latencies = {}
     for name, model in models.items():
         arrays[name] = {}
-        res = evaluate_model(model, data, batch_size, keep=arrays[name])
+        res = evaluate_model(model, data, batch_size, keep=arrays[name], coverage=coverage)
         res["params"] = count_params(model)
         res["mflops"] = flops_per_sample(model, x[:16]) / 1e6
         latencies[name] = median_latency(model, x)

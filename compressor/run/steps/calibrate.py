@@ -1,16 +1,18 @@
-"""The calibrate step: a checked temperature and an OOD threshold, fitted on the held-out split.
+"""The calibrate step: a checked temperature, an OOD threshold and conformal prediction-set
+thresholds, fitted on the held-out split.
 
 The temperature is kept only when it lowers the held-out NLL on data the fit did not see
 (cross-fitting), never below 1 without enough held-out errors, within bounds; the OOD threshold
-is refused when it would accept every held-out and every validation-outlier input. The report
-line says what was decided and why.
+is refused when it would accept every held-out and every validation-outlier input; the conformal
+thresholds (LAC and APS) are fitted on the calibrated probabilities of the same split (the one
+temperature fitted there barely bends exchangeability). The report line says what was decided and why.
 """
 
 from __future__ import annotations
 
 import torch
 
-from compressor.core.errors import InputError
+from compressor.core.errors import InputError, MetricInputError
 from compressor.core.schema import NUM, Field
 from compressor.run.context import RunContext
 from compressor.run.steps.base import needs_earlier, register_step
@@ -23,6 +25,13 @@ from compressor.uq.calibration import (
     checked_ood_threshold,
     fit_checked_temperature,
 )
+from compressor.uq.conformal import (
+    CONFORMAL_METHODS,
+    DEFAULT_COVERAGE,
+    coverage_and_size,
+    fit_conformal,
+    prediction_sets,
+)
 from compressor.uq.inference import predict_logits
 from compressor.uq.metrics import accuracy, ece, nll
 from compressor.uq.scores import OOD_SCORES, ood_score
@@ -34,7 +43,27 @@ SCHEMA = {
     ),
     "ood_score": Field((str,), "msp", choices=OOD_SCORES, doc="score the stored OOD threshold applies to"),
     "ood_tpr": Field(NUM, 0.95, check=lambda v: None if 0 < v < 1 else "a number in (0, 1)"),
+    "conformal_coverage": Field(
+        (int, float, type(None)),
+        DEFAULT_COVERAGE,
+        check=lambda v: None if v is None or 0 < v < 1 else "a number in (0, 1), or null for no prediction sets",
+        doc="conformal prediction sets that hold the true class this often (null: none)",
+    ),
+    "conformal_method": Field((str,), "lac", choices=CONFORMAL_METHODS, doc="the sets predict writes"),
 }
+
+
+def _conformal(probs: torch.Tensor, labels: torch.Tensor, cfg: dict) -> tuple[dict, list[str]]:
+    """Conformal thresholds at the recipe's coverage (empty, with a note, when the split is too small)."""
+    if cfg["conformal_coverage"] is None:
+        return {}, []
+    try:
+        fitted = fit_conformal(probs, labels, float(cfg["conformal_coverage"]), cfg["conformal_method"])
+    except MetricInputError as e:
+        return {}, [f"WARNING: {str(e).split(': ', 1)[1]}: no prediction sets stored"]
+    method = fitted["method"]
+    _, size = coverage_and_size(prediction_sets(probs, fitted[method], method), labels)
+    return fitted, [f"prediction sets ({method}, coverage {fitted['coverage']:.0%}): mean held-out size {size:.2f}"]
 
 
 def _scores(logits: torch.Tensor, temperature: torch.Tensor, scope: str, score: str) -> torch.Tensor:
@@ -85,7 +114,8 @@ def calibrate(ctx: RunContext, cfg: dict) -> None:
         outliers = _scores(outlier_logits, temperature, scope, cfg["ood_score"])
     threshold, ood_notes = checked_ood_threshold(scores, cfg["ood_tpr"], outliers)
     ood = {} if threshold is None else {"score": cfg["ood_score"], "tpr": float(cfg["ood_tpr"]), "threshold": threshold}
-    ctx.merged = Calibrated(model, temperature, ood, scope)
+    conformal, conformal_notes = _conformal(apply_temperature(logits, temperature, scope).probs, labels, cfg)
+    ctx.merged = Calibrated(model, temperature, ood, scope, conformal)
     report = {
         name: {"accuracy": accuracy(p, labels), "nll": nll(p, labels), "ece": ece(p, labels)}
         for name, p in (
@@ -93,11 +123,12 @@ def calibrate(ctx: RunContext, cfg: dict) -> None:
             ("after", calibrated_probs(logits.double(), temperature, scope)),
         )
     }
-    notes = (fit.notes if fit is not None else []) + ood_notes
+    notes = (fit.notes if fit is not None else []) + ood_notes + conformal_notes
     ctx.log["calibrate"] = {
         "temperature": temperature.tolist(),
         "scope": scope,
         "ood": ood,
+        "conformal": conformal,
         "notes": notes,
         **report,
         **(
