@@ -158,3 +158,19 @@ def test_ood_threshold_refuses_nan_scores():
 
     with pytest.raises(MetricInputError, match=r"^tpr_threshold: score_in: 1 of 20 scores are NaN"):
         checked_ood_threshold(torch.tensor([float("nan")] + [0.1] * 19), 0.95)
+
+
+def test_chunked_ensemble_metrics_equal_the_whole_array(monkeypatch):
+    """Mutual information and pairwise KL run in float64 chunks (never the whole input copied):
+    tiny chunks give the values of a direct whole-array computation."""
+    rng = np.random.default_rng(5)
+    mp = rng.dirichlet(np.ones(6), (3, 101)).astype(np.float32)
+    p64 = np.clip(mp.astype(np.float64), M.EPS, 1.0)
+    mean = p64.mean(0)
+    mi = -(mean * np.log(mean)).sum(-1) + (p64 * np.log(p64)).sum(-1).mean(0)
+    kl = np.mean(
+        [(p64[i] * (np.log(p64[i]) - np.log(p64[j]))).sum(-1).mean() for i in range(3) for j in range(3) if i != j]
+    )
+    monkeypatch.setattr(M, "CHUNK", 7)
+    np.testing.assert_allclose(M.mutual_information_score(mp), mi, atol=1e-9)
+    assert M.pairwise_kl(mp) == pytest.approx(kl, abs=1e-9)

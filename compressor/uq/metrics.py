@@ -190,7 +190,16 @@ def entropy_score(probs) -> np.ndarray:
 def mutual_information_score(member_probs) -> np.ndarray:
     """H(mean_m p_m) - mean_m H(p_m) (`compressor.uq.scores.mutual_information`, float64)."""
     mp = _member_probs(member_probs, "mutual_information_score")
-    return scores.mutual_information(torch.from_numpy(np.asarray(mp, dtype=np.float64))).numpy()
+    parts = [scores.mutual_information(torch.from_numpy(c)).numpy() for _, c in _member_chunks(mp)]
+    return np.concatenate(parts)
+
+
+def _member_chunks(mp: np.ndarray):
+    """Yield (start, float64 chunk [M, n, C]) over the samples of `mp`, CHUNK values' worth of rows
+    across members: never the whole input in float64."""
+    step = max(1, CHUNK // len(mp))
+    for start in range(0, mp.shape[1], step):
+        yield start, np.asarray(mp[:, start : start + step], dtype=np.float64)
 
 
 # --- OOD detection ---------------------------------------------------------------------------
@@ -293,12 +302,16 @@ def disagreement(member_probs) -> float:
 
 def pairwise_kl(member_probs) -> float:
     """Mean over ordered member pairs (i != j) of the mean KL(p_i || p_j)."""
-    mp = np.clip(np.asarray(_member_probs(member_probs, "pairwise_kl"), dtype=np.float64), EPS, 1.0)
-    m = len(mp)
+    mp = _member_probs(member_probs, "pairwise_kl")
+    m, n = mp.shape[0], mp.shape[1]
     if m < 2:
         return 0.0
-    kls = [(mp[i] * (np.log(mp[i]) - np.log(mp[j]))).sum(-1).mean() for i in range(m) for j in range(m) if i != j]
-    return float(np.mean(kls))
+    total = 0.0
+    for _, chunk in _member_chunks(mp):
+        logp = np.log(np.clip(chunk, EPS, 1.0))
+        p = np.clip(chunk, EPS, 1.0)
+        total += sum(float((p[i] * (logp[i] - logp[j])).sum()) for i in range(m) for j in range(m) if i != j)
+    return total / (n * m * (m - 1))
 
 
 SCORE_FUNCTIONS = {"msp": max_prob_score, "entropy": entropy_score}  # per ensemble prediction
