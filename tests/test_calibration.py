@@ -8,6 +8,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 import compressor
+from compressor.core.errors import MetricInputError
 from compressor.core.masks import HeadMask
 from compressor.data import digits_bundle
 from compressor.deploy.export import export_model
@@ -131,7 +132,9 @@ def test_an_all_correct_heldout_split_cannot_collapse_the_temperature():
     labels = torch.multinomial(p, 1, generator=torch.Generator().manual_seed(4)).flatten()  # calibrated labels
     heldout = (ensemble_log_probs(logits[:, :200]).argmax(-1) == labels[:200]).nonzero().flatten()[:150]
     h_logits, h_labels = logits[:, heldout], labels[heldout]  # every held-out sample right
-    assert fit_temperature(h_logits, h_labels, bounds=(1e-4, 20)).item() < 0.01, "the unguarded fit collapses"
+    with pytest.raises(MetricInputError, match="the ensemble gets all 97 samples right"):
+        fit_temperature(h_logits, h_labels, bounds=(1e-4, 20))  # the building block refuses to collapse
+    assert fit_temperature(h_logits, h_labels, bounds=(1.0, 20)).item() >= 1.0
     fit = fit_checked_temperature(h_logits, h_labels)
     assert fit.errors == 0 and 1.0 <= fit.temperature.item() <= 20
     assert any("no evidence for a temperature below 1" in n for n in fit.notes)
@@ -158,3 +161,18 @@ def test_a_saturated_ood_threshold_is_refused():
     spread = torch.linspace(-1, -0.5, 100)
     threshold, notes = checked_ood_threshold(spread, 0.95, torch.linspace(-0.9, -0.1, 50))
     assert threshold is not None and (spread <= threshold).float().mean() >= 0.95 and not notes
+
+
+def test_the_fit_reports_a_bound_hit_and_a_perfect_member():
+    """Diagnostics as fields: an underconfident model's fit hits the lower bound (at_bound), and
+    with one temperature per member a member without held-out errors is fitted at T >= 1 only."""
+    logits = _members(1000, scale=1.5, seed=5)
+    labels = torch.multinomial(ensemble_log_probs(logits).exp(), 1, generator=torch.Generator().manual_seed(6))
+    labels = labels.flatten()
+    fit = fit_checked_temperature(logits * 0.05, labels, bounds=(0.5, 20))  # far too flat: wants T << 0.5
+    assert fit.at_bound and fit.fitted == pytest.approx([0.5], rel=1e-3) and fit.errors >= 20
+    perfect = logits.clone()
+    perfect[0] = torch.nn.functional.one_hot(labels, logits.shape[-1]).double() * 5  # member 0 never wrong
+    fit = fit_checked_temperature(perfect, labels, per_member=True)
+    assert "a member makes no held-out error: only T >= 1 fitted" in fit.notes
+    assert min(fit.fitted) >= 1.0 - 1e-6

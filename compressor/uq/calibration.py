@@ -136,10 +136,20 @@ def fit_temperature(
     bounds: tuple[float, float] = TEMPERATURE_BOUNDS,
 ) -> torch.Tensor:
     """The temperature(s) in `bounds` minimising the held-out NLL of the calibrated ensemble:
-    [1] on the ensemble's log-probabilities, or [M] per member (`per_member`)."""
+    [1] on the ensemble's log-probabilities, or [M] per member (`per_member`). Refused when a
+    temperature below 1 is allowed and the predictions it scales make no error on `labels`: the
+    NLL then falls all the way to the lower bound (every probability pushed to 1)."""
     check_logits_and_labels(member_logits, labels, "fit_temperature")
     logits = member_logits.detach()
     lo, hi = bounds
+    if lo < 1.0:
+        preds = logits.argmax(-1) if per_member else ensemble_log_probs(logits.double()).argmax(-1)[None]
+        if bool((preds == labels).all(-1).any()):
+            raise MetricInputError(
+                f"fit_temperature: labels: {'a member' if per_member else 'the ensemble'} gets all {len(labels)} "
+                "samples right, so the NLL falls with the temperature down to its bound; fit only T >= 1 "
+                "(bounds=(1, ...)) or use fit_checked_temperature"
+            )
     if per_member:
         return _fit_members(logits, labels, lo, hi)
     return _fit_ensemble(ensemble_log_probs(logits.double()), labels, lo, hi)
@@ -158,6 +168,7 @@ class TemperatureFit:
     fitted: list[float]  # the fit on the whole held-out split, before the check
     kept: bool  # the fitted temperature is used (else 1.0)
     notes: list[str] = field(default_factory=list)
+    at_bound: bool = False  # the fit hit a bound of the allowed range
 
 
 def fit_checked_temperature(
@@ -194,6 +205,9 @@ def fit_checked_temperature(
         notes.append(f"{n} held-out samples: too few to check a fit, temperature 1.0 kept")
         nll = float(before.mean())
         return TemperatureFit(ones, scope, errors, n, nll, nll, ones.tolist(), False, notes)
+    if per_member and lo < 1.0 and bool((logits.argmax(-1) == labels).all(-1).any()):
+        lo = 1.0
+        notes.append("a member makes no held-out error: only T >= 1 fitted")
     fold_of = torch.randperm(n, generator=torch.Generator().manual_seed(seed)) % folds
     after = torch.empty_like(before)
     for k in range(folds):
@@ -222,7 +236,8 @@ def fit_checked_temperature(
     share = saturated_share(calibrated_probs(logits, t, scope).amax(-1))
     if share > SATURATION_SHARE:
         notes.append(f"WARNING: {share:.0%} of held-out confidences tie at the most confident value (saturated)")
-    return TemperatureFit(t, scope, errors, n, float(before.mean()), float(after.mean()), fitted.tolist(), kept, notes)
+    nll_before, nll_after = float(before.mean()), float(after.mean())
+    return TemperatureFit(t, scope, errors, n, nll_before, nll_after, fitted.tolist(), kept, notes, bool(at_bound))
 
 
 def _fmt(t: torch.Tensor) -> str:
