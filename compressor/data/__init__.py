@@ -16,7 +16,9 @@ from compressor.data.digits import corrupt, digits_bundle, digits_preprocessing,
 from compressor.data.images import image_folder_bundle, image_transforms
 
 
-def load_bundle(data_cfg: dict, model_name: str, model: torch.nn.Module | None = None) -> DataBundle:
+def load_bundle(
+    data_cfg: dict, model_name: str, model: torch.nn.Module | None = None, pretrained: bool = False
+) -> DataBundle:
     """The recipe's data: digits, a user's image folder (transforms follow `model`), or the
     committed text benchmark tokenised for transformers model `model_name`."""
     if data_cfg["source"] == "digits":
@@ -43,6 +45,7 @@ def load_bundle(data_cfg: dict, model_name: str, model: torch.nn.Module | None =
         ood_val_roots=data_cfg["ood_val_roots"],
         overrides=overrides,
         augment=data_cfg["augment"],
+        pretrained=pretrained,
     )
 
 

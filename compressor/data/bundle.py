@@ -30,6 +30,7 @@ class DataBundle:
     ood_kinds: dict[str, str] = field(default_factory=dict)  # OOD set name -> "near" or "far"
     preprocessing: dict = field(default_factory=dict)  # how raw inputs become model inputs (exports record it)
     make_outliers: OutlierMaker | None = None  # synthetic outliers from a batch of training inputs
+    notes: list[str] = field(default_factory=list)  # one-line facts a user should see (validate, report)
 
     @property
     def num_classes(self) -> int:

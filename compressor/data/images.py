@@ -13,10 +13,14 @@ from compressor.data.bundle import DataBundle, Unlabelled, split_indices
 from compressor.data.outliers import shuffle_patches, synthetic_outliers
 
 
-def image_transforms(model: torch.nn.Module, overrides: dict | None = None, augment: str = "light"):
+def image_transforms(
+    model: torch.nn.Module, overrides: dict | None = None, augment: str = "light", pretrained: bool = False
+):
     """(eval transform, train transform, data config) for a user's images: the timm data config
     of the model, with the input size the model actually takes (its family knows it) and the
-    recipe's overrides (img_size, mean, std, interpolation, crop_pct).
+    recipe's overrides (img_size, mean, std, interpolation, crop_pct). The architecture's pretrained
+    config (its crop_pct) applies only to its `pretrained` weights; any other model sees the whole
+    image (crop_pct 1.0) with timm's default normalisation for the architecture.
 
     augment: 'none' (the eval transform), 'light' (flips and small shifted crops; for images of
     64 px and more, a random resized crop of 50-100% of the area) or 'timm' (timm's ImageNet
@@ -28,6 +32,8 @@ def image_transforms(model: torch.nn.Module, overrides: dict | None = None, augm
     from compressor.families import family_of
 
     cfg = dict(timm.data.resolve_data_config({}, model=model))
+    if not pretrained:
+        cfg["crop_pct"] = 1.0
     size = family_of(model).input_size()
     if size is not None:
         cfg["input_size"] = tuple(size)
@@ -63,6 +69,7 @@ def image_folder_bundle(
     ood_val_roots: Sequence[str] = (),
     overrides: dict | None = None,
     augment: str = "light",
+    pretrained: bool = False,
 ) -> DataBundle:
     """A user's image folder (`root/train/<class>/*`, `root/val/<class>/*`) read with torchvision.
 
@@ -72,10 +79,12 @@ def image_folder_bundle(
     """
     from torchvision.datasets import ImageFolder
 
-    tf_eval, tf_train, cfg = image_transforms(model, overrides, augment)
+    tf_eval, tf_train, cfg = image_transforms(model, overrides, augment, pretrained)
     root_p = Path(root)
     train = ImageFolder(str(root_p / "train"), transform=tf_train)
     test = ImageFolder(str(root_p / "val"), transform=tf_eval)
+    origin = "data.crop_pct" if (overrides or {}).get("crop_pct") is not None else "the pretrained config"
+    notes = [note] if (note := resize_note(test.samples[0][0], cfg, origin)) else []
     val_idx, tr_idx = split_indices(len(train), (val_fraction, 1 - val_fraction), seed)
     val_full = ImageFolder(str(root_p / "train"), transform=tf_eval)
     ood = {Path(r).name: Unlabelled(ImageFolder(r, transform=tf_eval)) for r in ood_roots}
@@ -95,4 +104,22 @@ def image_folder_bundle(
         ood_val=ood_val,
         make_outliers=shuffle_patches,
         preprocessing={"kind": "image", **{k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}},
+        notes=notes,
+    )
+
+
+def resize_note(path: str, cfg: dict, crop_origin: str) -> str | None:
+    """One line when the eval transform resizes or crops `path`'s image away from its native size."""
+    from PIL import Image
+
+    with Image.open(path) as img:
+        width, height = img.size
+    side, crop = int(cfg["input_size"][-1]), float(cfg.get("crop_pct") or 1.0)
+    if (width, height) == (side, side) and crop >= 1.0:
+        return None
+    resized = int(side / crop) if crop < 1.0 else side
+    cropping = f" and centre-crops {side} px (crop_pct {crop:g} from {crop_origin})" if crop < 1.0 else ""
+    return (
+        f"data: images are {width}x{height} px (e.g. {path}); evaluation resizes them to {resized} px "
+        f"({cfg['interpolation']}){cropping}; set data.img_size / data.crop_pct to change it"
     )

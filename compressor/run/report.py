@@ -41,7 +41,8 @@ def _member_lines(ctx: RunContext) -> list[str]:
 def write_report(ctx: RunContext) -> None:
     elapsed = time.time() - ctx.log.get("started", time.time())
     lines = [f"# {ctx.recipe.name}", "", f"recipe `{ctx.recipe.path}`, run time {elapsed / 60:.1f} min", ""]
-    lines += ["## Steps", ""] + [f"- **{step}**: {outcome}" for step, outcome in ctx.outcomes.items()] + [""]
+    lines += ["## Steps", ""] + [f"- **data**: {note.removeprefix('data: ')}" for note in ctx.data.notes]
+    lines += [f"- **{step}**: {outcome}" for step, outcome in ctx.outcomes.items()] + [""]
     tunes = {k: h for k, h in ctx.log.items() if k.startswith("finetune") and isinstance(h, dict) and "after" in h}
     if tunes:
         header = (

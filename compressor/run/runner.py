@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,7 +47,10 @@ class Runner:
         probe = None
         if r.data["source"] == "image_folder":  # transforms follow the model's input size
             probe = create_timm(r.model["name"], r.model["kwargs"], 1, 3, pretrained=False)
-        return load_bundle(r.data, r.model["name"], probe)
+        data = load_bundle(r.data, r.model["name"], probe, pretrained=bool(r.model["pretrained"]))
+        for note in data.notes:
+            warnings.warn(note, stacklevel=2)
+        return data
 
     @contextlib.contextmanager
     def _naming_recipe(self) -> Iterator[None]:
