@@ -72,3 +72,24 @@ def test_a_pretrained_config_crop_is_said_in_one_line(tmp_path):
     note = resize_note(str(image), theirs, "the pretrained config")
     assert note.startswith(f"data: images are 32x32 px (e.g. {image}); evaluation resizes them to 35 px (bicubic)")
     assert "centre-crops 32 px (crop_pct 0.9 from the pretrained config)" in note and "\n" not in note
+
+
+def test_a_checkpoint_that_does_not_fit_is_refused_by_validate_in_one_line(tmp_path, capsys):
+    """A 6-class checkpoint for a 2-class folder: validate names the keys and shapes (header only)."""
+    root = _image_folder(tmp_path / "images")
+    six = timm.create_model("vit_tiny_patch16_224", num_classes=6, **KWARGS)
+    save_file(six.state_dict(), str(tmp_path / "six.safetensors"))
+    recipe = {
+        "name": "six",
+        "device": "cpu",
+        "model": {"name": "vit_tiny_patch16_224", "kwargs": KWARGS, "checkpoint": str(tmp_path / "six.safetensors")},
+        "data": {"source": "image_folder", "root": str(root), "batch_size": 8},
+        "steps": [{"evaluate": {"plots": False, "baselines": ["base"]}}],
+    }
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"error: {path}: model.checkpoint: {tmp_path / 'six.safetensors'}: weights do not fit")
+    assert "2 shapes differ: head.weight expected [2, 48] found [6, 48]; head.bias expected [2] found [6]" in err[0]

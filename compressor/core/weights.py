@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 from compressor.core.errors import WeightsError
 from compressor.core.io import atomic_path
 
-__all__ = ["WeightsError", "load_weights", "save_weights"]
+__all__ = ["WeightsError", "check_fits", "load_weights", "save_weights", "stored_shapes"]
 
 
 def non_finite(state: dict[str, torch.Tensor]) -> list[str]:
@@ -28,6 +28,40 @@ def save_weights(state: dict[str, torch.Tensor], path: str | Path, metadata: dic
     tensors = {k: v.detach().contiguous().clone() for k, v in state.items()}
     with atomic_path(Path(path)) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
+
+
+def stored_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape from a safetensors file's header, without reading the tensors."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise WeightsError(f"{path}: no such weights file")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise WeightsError(f"{path}: not a valid safetensors file ({e})") from e
+
+
+def check_fits(path: str | Path, model: torch.nn.Module, show: int = 5) -> None:
+    """One-line WeightsError unless the file's tensors have exactly the model's names and shapes:
+    up to `show` offending keys with expected and found shapes, missing and unexpected keys."""
+    found = stored_shapes(path)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    wrong = [
+        f"{k} expected {list(expected[k])} found {list(found[k])}"
+        for k in expected
+        if k in found and found[k] != expected[k]
+    ]
+    missing, extra = [k for k in expected if k not in found], [k for k in found if k not in expected]
+    parts = [
+        f"{len(items)} {label}: {'; '.join(items[:show])}{', ...' if len(items) > show else ''}"
+        for label, items in (("shapes differ", wrong), ("keys missing", missing), ("unexpected keys", extra))
+        if items
+    ]
+    if parts:
+        raise WeightsError(f"{path}: weights do not fit the model ({'; '.join(parts)})")
 
 
 def load_weights(path: str | Path, device: str = "cpu") -> dict[str, torch.Tensor]:

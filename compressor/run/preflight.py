@@ -1,5 +1,6 @@
 """Checks that need the model's architecture and one real batch, run before any training (and by
-`compressor validate`): the family is supported, one test batch runs through the model, and every
+`compressor validate`): the family is supported, a checkpoint's tensor names and shapes fit the
+model, one test batch runs through the model, and every
 step can handle the architecture (head counts for pruners, fusability for the hydra merger)."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from torch import nn
 from compressor.core.errors import CompressorError, InputError
 from compressor.core.modes import evaluating
 from compressor.core.registry import resolve
+from compressor.core.weights import check_fits
 from compressor.data.bundle import DataBundle
 from compressor.families import family_of
 from compressor.run.recipe import Recipe
@@ -22,6 +24,11 @@ def preflight(recipe: Recipe, model: nn.Module, data: DataBundle) -> None:
         family = family_of(model)
     except CompressorError as e:
         raise e.at(f"{where}: model") from e
+    if recipe.model.get("checkpoint"):  # shapes from the file's header, before any weights are read
+        try:
+            check_fits(recipe.model["checkpoint"], model)
+        except CompressorError as e:
+            raise e.at(f"{where}: model.checkpoint") from e
     x = next(iter(torch.utils.data.DataLoader(data.test, batch_size=2)))[0]
     try:
         with evaluating(model), torch.no_grad():
