@@ -50,7 +50,7 @@ def test_defaults_are_filled(tmp_path):
         (lambda d: d["model"].pop("name"), r"model.name: missing"),
         (
             lambda d: d["model"].update(source="checkpoint", checkpoint="nope.safetensors"),
-            r"model.checkpoint: no such file 'nope.safetensors'",
+            r"model.checkpoint: no such file '/.*/nope.safetensors'",  # resolved against the recipe's folder
         ),
         (
             lambda d: d["steps"].append({"finetune": {"steps": 10**6}}),
@@ -115,3 +115,29 @@ def test_overrides(tmp_path):
     assert r.steps[0][1]["members"] == 4 and r.model["kwargs"] == {"depth": 2} and r.seed == 3
     with pytest.raises(RecipeError, match=r"--set steps.5: expected an index 0..0"):
         load_recipe(write(tmp_path, BASE), ["steps.5.prune=1"])
+
+
+def test_input_paths_resolve_against_the_recipe_folder_and_set_paths_against_the_cwd(tmp_path, monkeypatch):
+    """A recipe in its own folder names its weights and data relative to itself; outputs and
+    `--set` values stay relative to where the command runs."""
+    project = tmp_path / "project"
+    (project / "data" / "train").mkdir(parents=True)
+    (project / "data" / "val").mkdir()
+    (project / "w.safetensors").write_bytes(b"")
+    recipe = {
+        "model": {"name": "vit_tiny_patch16_224", "source": "checkpoint", "checkpoint": "w.safetensors"},
+        "data": {"source": "image_folder", "root": "data", "ood_roots": ["data/train"]},
+        "steps": [{"prune": {"pruner": "file", "path": "masks.json"}}],
+        "out": "runs/x",
+    }
+    (project / "masks.json").write_text("{}")
+    path = write(project, recipe)
+    monkeypatch.chdir(tmp_path)  # somewhere else
+    r = load_recipe(path)
+    assert r.model["checkpoint"] == str(project / "w.safetensors")
+    assert r.data["root"] == str(project / "data") and r.data["ood_roots"] == [str(project / "data" / "train")]
+    assert dict(r.steps)["prune"]["path"] == str(project / "masks.json")
+    assert r.out == "runs/x"  # outputs: relative to the current directory
+    (tmp_path / "here.safetensors").write_bytes(b"")
+    r = load_recipe(path, ["model.checkpoint=here.safetensors"])
+    assert r.model["checkpoint"] == "here.safetensors"  # --set: relative to the current directory

@@ -277,8 +277,40 @@ def validate_recipe(raw: Any, where: str = "<recipe>") -> Recipe:
     )
 
 
+INPUT_PATHS = {"model": ("checkpoint",), "data": ("root", "ood_val_file", "ood_roots", "ood_val_roots")}
+STEP_INPUT_PATHS = {"prune": ("path",)}  # the file pruner's masks
+
+
+def resolve_input_paths(raw: dict, folder: Path) -> dict:
+    """The recipe's relative input paths (checkpoint, data folders and files, a masks file) made
+    relative to `folder`, the recipe file's own; outputs (out, cache_dir, export.dir) stay relative
+    to the current directory, and so do `--set` values (applied after this)."""
+
+    def resolved(value: object) -> object:
+        if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+            return str(folder / value)
+        if isinstance(value, list):
+            return [resolved(v) for v in value]
+        return value
+
+    def fix(block: object, keys: tuple[str, ...]) -> None:
+        if isinstance(block, dict):
+            for key in keys:
+                if key in block:
+                    block[key] = resolved(block[key])
+
+    for section, keys in INPUT_PATHS.items():
+        fix(raw.get(section), keys)
+    for step in raw.get("steps") or []:
+        if isinstance(step, dict) and len(step) == 1:
+            name, cfg = next(iter(step.items()))
+            fix(cfg, STEP_INPUT_PATHS.get(name, ()))
+    return raw
+
+
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
-    """Read (safe YAML, no duplicate keys), apply overrides, validate. Raises RecipeError naming the file."""
+    """Read (safe YAML, no duplicate keys), resolve its relative input paths against its folder,
+    apply overrides, validate. Raises RecipeError naming the file."""
     path = Path(path)
     where = str(path)
     if path.is_dir():
@@ -295,6 +327,8 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
         raw = parse_yaml(text)
     except yaml.YAMLError as e:
         raise RecipeError(f"{where}: not valid YAML: {' '.join(str(e).split())}") from e
+    if isinstance(raw, dict):
+        raw = resolve_input_paths(raw, path.resolve().parent)
     if overrides:
         raw = apply_overrides(raw if isinstance(raw, dict) else {}, overrides, where)
     return validate_recipe(raw, where)
