@@ -257,6 +257,29 @@ def test_earlier_outputs_are_refused_unless_overwritten(tmp_path):
         assert (folder / "RUNNING").exists() and (folder / "mine.txt").read_text() == "a user's file"
         rf.finish()
     assert not (folder / "RUNNING").exists()
+    assert not (folder / ".lock").exists(), "a finished run leaves no lock file"
+
+
+def test_a_lock_file_removed_under_a_waiting_run_is_not_taken_as_ours(tmp_path, monkeypatch):
+    """A run that opened `.lock` just before the holder finished and removed it would lock a file
+    no other run sees: it must refuse, not run beside the next one."""
+    import fcntl
+
+    from compressor.run import runfolder
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    real_flock = fcntl.flock
+
+    def race(fd, op):  # between our open and our flock, the holder removes the file and a new run creates it
+        (folder / ".lock").unlink()
+        (folder / ".lock").write_text("")
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(runfolder.fcntl, "flock", race)
+    with pytest.raises(Exception, match="another compressor run is using this folder"):
+        with RunFolder(folder):
+            pass
 
 
 def test_an_interrupted_run_stays_marked(tmp_path):

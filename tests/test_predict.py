@@ -86,3 +86,12 @@ def test_loaded_image_export_describes_its_inputs_to_timm(tmp_path):
     export_model(vit, tmp_path / "exp", preprocessing=digits_bundle().preprocessing)
     cfg = timm.data.resolve_data_config({}, model=compressor.load(tmp_path / "exp"))
     assert cfg["input_size"] == (1, 16, 16) and cfg["mean"] == (0.3,) and cfg["std"] == (0.4,)
+
+
+def test_predict_refuses_an_unknown_output_format_before_predicting(tmp_path):
+    out = run_cli(["predict", str(tmp_path / "no-export"), str(tmp_path), "--out", str(tmp_path / "p.txt")], tmp_path)
+    assert out.returncode == 2
+    assert (
+        out.stderr.strip() == f"error: --out {tmp_path / 'p.txt'}: expected a file ending in .csv or .jsonl, got '.txt'"
+    )
+    assert not (tmp_path / "p.txt").exists()

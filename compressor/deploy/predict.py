@@ -168,16 +168,26 @@ def predict_inputs(
     conformal = model.conformal if isinstance(model, Calibrated) else {}
     classes = list(getattr(model, "class_names", []) or [])
     rows: list[dict] = []
-    for names, x in tqdm(list(_batches(model, inputs, batch_size)), desc="predict", disable=not progress):
+    for names, x in tqdm(list(_batches(model, inputs, batch_size)), desc="predict", disable=None if progress else True):
         out = model(x.to(device))
         logits = read(out)
         rows += _rows(names, logits, ensemble_probs(out, logits), classes, ood, top_k, conformal)
     return rows
 
 
+OUTPUT_FORMATS = (".csv", ".jsonl")
+
+
+def check_output(out: Path | None) -> None:
+    """A one-line InputError for an --out whose extension names no format (checked before predicting)."""
+    if out is not None and out.suffix.lower() not in OUTPUT_FORMATS:
+        raise InputError(f"--out {out}: expected a file ending in {' or '.join(OUTPUT_FORMATS)}, got {out.suffix!r}")
+
+
 def write_predictions(rows: list[dict], out: Path | None) -> str:
-    """Rows as JSONL (out ends with .jsonl) or CSV (lists joined with ';'); written to `out`
-    atomically, or returned as text when `out` is None."""
+    """Rows as JSONL (out ends with .jsonl) or CSV (out ends with .csv, or no `out`; lists joined
+    with ';'); written to `out` atomically, or returned as text when `out` is None."""
+    check_output(out)
     if out is not None and out.suffix.lower() == ".jsonl":
         text = "".join(json_text(r, indent=None) + "\n" for r in rows)
     else:

@@ -97,8 +97,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_predict(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from compressor.deploy.predict import predict_inputs, write_predictions
+    from compressor.deploy.predict import check_output, predict_inputs, write_predictions
 
+    check_output(Path(args.out) if args.out else None)
     rows = predict_inputs(args.export, args.inputs, args.batch_size, args.top_k, args.device, progress=True)
     text = write_predictions(rows, Path(args.out) if args.out else None)
     if args.out:

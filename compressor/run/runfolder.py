@@ -1,6 +1,6 @@
 """The run folder's integrity: one run at a time, a visible in-progress marker, a clean start.
 
-- a lock (`.lock`, flock): a second run into a folder in use fails at once;
+- a lock (`.lock`, flock; removed when the run ends): a second run into a folder in use fails at once;
 - `RUNNING` is written when a run starts and removed only after its report is written, so an
   interrupted or failed run is visible as such (the marker then says why);
 - a run refuses a folder that holds an earlier run's outputs unless told to overwrite them; only
@@ -41,6 +41,9 @@ class RunFolder:
         self._lock = open(self.path / ".lock", "w")  # noqa: SIM115 - held until __exit__
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            lock_path = self.path / ".lock"
+            if not lock_path.exists() or os.fstat(self._lock.fileno()).st_ino != lock_path.stat().st_ino:
+                raise BlockingIOError  # a run that just finished removed the file we locked: not ours
         except BlockingIOError as e:
             self._lock.close()
             self._lock = None
@@ -68,7 +71,9 @@ class RunFolder:
         self._finished = True
 
     def _release(self) -> None:
+        """Remove the lock file (while still holding it), then unlock: no `.lock` stays behind."""
         if self._lock is not None:
+            (self.path / ".lock").unlink(missing_ok=True)
             fcntl.flock(self._lock, fcntl.LOCK_UN)
             self._lock.close()
             self._lock = None

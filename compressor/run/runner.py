@@ -93,7 +93,8 @@ class Runner:
 
     def _run_steps(self) -> RunContext:
         r = self.recipe
-        bar = tqdm(total=len(r.steps) + 1, desc=r.name, disable=self.quiet or not is_main(), dynamic_ncols=True)
+        hidden = (self.quiet or not is_main()) or None  # None: tqdm hides the bar when stderr is not a terminal
+        bar = tqdm(total=len(r.steps) + 1, desc=r.name, disable=hidden, dynamic_ncols=True)
         bar.set_postfix_str("model + data")
         started = time.time()
         try:
