@@ -9,11 +9,13 @@ import textwrap
 import torch
 from safetensors.torch import save_file
 
+import compressor
 from compressor.core.masks import HeadMask
 from compressor.data import digits_bundle
 from compressor.deploy.export import export_model
 from compressor.families import family_of
 from compressor.surgery.mlp_units import with_top_units
+from compressor.uq.calibration import Calibrated
 from mergers.plain import prune_physically
 
 from .conftest import make_vit
@@ -36,10 +38,16 @@ def test_plain_timm_export_rebuilds_with_timm_alone(tmp_path):
         mask = with_top_units(family, [mask], 0.5, [torch.randn(8, 1, 16, 16)])[0]
         pruned = prune_physically(vit, mask)
         folder = tmp_path / shape
-        export_model(pruned, folder, [mask], preprocessing=digits_bundle().preprocessing)
+        calibrated = Calibrated(pruned, 1.7, {})  # a plain export after the calibrate step
+        export_model(calibrated, folder, [mask], preprocessing=digits_bundle().preprocessing)
+        loaded = compressor.load(folder)
         x = torch.randn(3, 1, 16, 16)
         with torch.no_grad():
-            save_file({"x": x, "y": pruned(x)}, str(tmp_path / f"{shape}.safetensors"))
+            out = loaded(x)
+            y, probs = out.member_logits[0], out.probs
+        torch.testing.assert_close(y, pruned(x))
+        save_file({"x": x, "y": y, "probs": probs.float()}, str(tmp_path / f"{shape}.safetensors"))
+        data_cfg = dict(loaded.preprocessing)
         snippet = (
             (ROOT / "README.md").read_text().split("# standalone_timm.py", 1)[1].split("\n", 1)[1].split("```", 1)[0]
         )
@@ -52,6 +60,13 @@ def test_plain_timm_export_rebuilds_with_timm_alone(tmp_path):
             with torch.no_grad():
                 out = model(ref["x"])
             torch.testing.assert_close(out, ref["y"], rtol=1e-5, atol=1e-5)
+            with torch.no_grad():
+                torch.testing.assert_close(calibrated_probs(ref["x"]), ref["probs"], rtol=1e-5, atol=1e-5)
+            import timm.data
+            data_cfg = timm.data.resolve_data_config({{}}, model=model)
+            assert list(data_cfg["input_size"]) == {data_cfg["input_size"]!r}, data_cfg
+            assert data_cfg["crop_pct"] == {data_cfg.get("crop_pct")!r}
+            assert list(data_cfg["mean"]) == {data_cfg["mean"]!r}
             assert [b.attn.num_heads for b in model.blocks] == {family_of(pruned).heads_per_block()}
             assert [b.mlp.fc1.out_features for b in model.blocks] == {family_of(pruned).mlp_widths()}
         """)
