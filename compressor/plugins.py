@@ -81,6 +81,7 @@ class Pruner:
     """
 
     diversity_choices: tuple[str, ...] = ("none",)
+    keep_ratio_selects_heads: bool = True  # False where keep_ratio means something else (disjoint shares, files)
 
     def __init__(
         self,
@@ -113,6 +114,12 @@ class Pruner:
             raise OptionError(f"keep_ratio: expected one ratio or a list of {self.members} (one per member)")
         self.keep_ratios = [float(r) for r in ratios]
         self.keep_heads = options["keep_heads"]
+        every_head = options["keep_heads"] is None and all(r >= 1.0 for r in self.keep_ratios)
+        if options["distinct"] and self.members > 1 and every_head and self.keep_ratio_selects_heads:
+            raise OptionError(
+                f"keep_ratio: 1.0 keeps every head, so {self.members} members cannot differ (distinct: true); "
+                "use a ratio below 1, or distinct: false"
+            )
         self.seed = options["seed"]
         self.diversity = options["diversity"] or self.diversity_choices[0]
         self.distinct = options["distinct"]

@@ -22,6 +22,8 @@ DISJOINT_OPTIONS = {
 class DisjointPruner(Pruner):
     """Partition each block's heads across members, round-robin by rank (random, or any importance)."""
 
+    keep_ratio_selects_heads = False  # keep_ratio is a share of its own heads (or unused)
+
     def __init__(self, rank_by: str | None = None, rank_options: dict | None = None, **kwargs) -> None:
         kwargs.setdefault("keep_ratio", 1.0)
         super().__init__(**kwargs)

@@ -23,6 +23,8 @@ FILE_OPTIONS = {
 class MaskFilePruner(Pruner):
     """Load the members' head masks from a masks.json file (checked against the model)."""
 
+    keep_ratio_selects_heads = False  # keep_ratio is a share of its own heads (or unused)
+
     def __init__(self, path: str = "masks.json", **kwargs) -> None:
         super().__init__(**kwargs)
         self.path = checked_options({"path": path}, FILE_OPTIONS)["path"]

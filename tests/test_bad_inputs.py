@@ -159,6 +159,25 @@ SET_CASES = [
     ("set-yaml-tag", ["--set", "seed=!!python/object/apply:os.system ['touch PWNED']"], ["not valid YAML"]),
     ("set-no-equals", ["--set", "seed"], ["--set 'seed': expected key.path=value"]),
     ("set-index", ["--set", "steps.9.prune.members=2"], ["--set steps.9: expected an index 0..3, got '9'"]),
+    # rules that used to fail only after minutes of work
+    (
+        "keep-every-head",
+        ["--set", "steps.0.prune.keep_ratio=1.0"],
+        ["steps[0].prune: keep_ratio: 1.0 keeps every head, so 2 members cannot differ (distinct: true)"],
+    ),
+    (
+        "mi-one-member",
+        ["--set", "steps.0.prune.members=1", "--set", "steps.2={calibrate: {ood_score: mi}}"],
+        ["steps[2].calibrate: 'calibrate' ood_score 'mi' (mutual information between members) needs an ensemble"],
+    ),
+    ("cache-dir-file", ["--set", "cache_dir=r.yaml"], ["cache_dir: 'r.yaml' is a file; expected a folder"]),
+    ("out-file", ["--set", "out=r.yaml"], ["out: 'r.yaml' is a file; expected a folder"]),
+    ("export-run-folder", ["--set", "steps.3.export.dir=./"], ["steps[3].export.dir: expected a relative folder"]),
+    (
+        "export-into-plots",
+        ["--set", "steps.3.export.dir=plots/x"],
+        ["steps[3].export.dir: expected a folder of its own inside the run folder, not the run's 'plots'"],
+    ),
 ]
 
 

@@ -256,6 +256,9 @@ def validate_recipe(raw: Any, where: str = "<recipe>") -> Recipe:
         problem = rule(cfg, steps[:i], steps[i + 1 :]) if rule else None
         if problem:
             raise RecipeError(f"{where}: steps[{i}].{name}: '{name}' {problem}")
+    for key in ("out", "cache_dir"):  # folders this run writes: a file there would fail only later
+        if top[key] and Path(top[key]).exists() and not Path(top[key]).is_dir():
+            raise RecipeError(f"{where}: {key}: '{top[key]}' is a file; expected a folder (or a path to create)")
     _check_model(where, top["model"])
     _check_data(where, top["model"], top["data"])
     try:

@@ -37,6 +37,8 @@ class RunFolder:
         return [name for name in self.outputs if (self.path / name).exists()]
 
     def __enter__(self) -> RunFolder:
+        if self.path.exists() and not self.path.is_dir():
+            raise InputError(f"{self.path}: is a file; expected a run folder (or a path to create); use another --out")
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock = open(self.path / ".lock", "w")  # noqa: SIM115 - held until __exit__
         try:

@@ -94,7 +94,19 @@ def _line(fit: TemperatureFit | None, report: dict, ood: dict, notes: list[str])
     return line + "".join(f"; {n}" for n in notes)
 
 
-@register_step("calibrate", SCHEMA, check=needs_earlier("merge"))
+def _check(cfg: dict, earlier: list, later: list) -> str | None:
+    """A merge before it; mutual information needs members to disagree (a prune of 2 or more, not 'plain')."""
+    problem = needs_earlier("merge")(cfg, earlier, later)
+    if problem or cfg["ood_score"] != "mi":
+        return problem
+    members = next((c.get("members", 3) for n, c in reversed(earlier) if n == "prune"), None)
+    plain = any(n == "merge" and c.get("merger") == "plain" for n, c in earlier)
+    if plain or members == 1:
+        return "ood_score 'mi' (mutual information between members) needs an ensemble; the merged model has one member"
+    return None
+
+
+@register_step("calibrate", SCHEMA, check=_check)
 def calibrate(ctx: RunContext, cfg: dict) -> None:
     """Fit a checked temperature and the OOD threshold that keeps `ood_tpr` of held-out samples."""
     model = ctx.merged.model if isinstance(ctx.merged, Calibrated) else ctx.merged

@@ -10,13 +10,17 @@ from compressor.core.distributed import is_main
 from compressor.core.schema import Field
 from compressor.deploy.export import export_model
 from compressor.run.context import RunContext
+from compressor.run.runfolder import OUTPUTS
 from compressor.run.steps.base import needs_earlier, register_step
 
 
 def _inside_run_folder(v: str) -> str | None:
-    p = PurePosixPath(v)
-    ok = v.strip() not in ("", ".") and not p.is_absolute() and ".." not in p.parts and "\\" not in v
-    return None if ok else "a relative folder inside the run folder (no '..', not absolute)"
+    """A folder strictly inside the run folder that is none of the run's own outputs."""
+    p = PurePosixPath(v.strip())
+    ok = str(p) not in ("", ".") and not p.is_absolute() and ".." not in p.parts and "\\" not in v
+    if ok and (p.parts[0] in OUTPUTS or p.parts[0].startswith(".")):
+        return f"a folder of its own inside the run folder, not the run's '{p.parts[0]}'"
+    return None if ok else "a relative folder inside the run folder (not the run folder itself, no '..', not absolute)"
 
 
 SCHEMA = {
