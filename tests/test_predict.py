@@ -95,3 +95,33 @@ def test_predict_refuses_an_unknown_output_format_before_predicting(tmp_path):
         out.stderr.strip() == f"error: --out {tmp_path / 'p.txt'}: expected a file ending in .csv or .jsonl, got '.txt'"
     )
     assert not (tmp_path / "p.txt").exists()
+
+
+def test_predict_never_overwrites_or_writes_into_the_export_unasked(tmp_path):
+    """--out refuses an existing file (unless --overwrite), a file inside the export, a folder and a
+    missing folder, each in one line before any prediction; the refused paths stay untouched."""
+    vit = make_vit("tiny_cls")
+    masks = [HeadMask.from_kept([[0, 1], [2, 3]], [4, 4])] * 2
+    export_model(build_hydra(vit, masks, mlp_mode="grouped"), tmp_path / "exp", masks, [str(c) for c in range(8)],
+                 preprocessing=digits_preprocessing(16))  # fmt: skip
+    _digit_pngs(tmp_path / "imgs", n=2)
+    existing = tmp_path / "old.csv"
+    existing.write_text("a user's file")
+    weights = (tmp_path / "exp" / "model.safetensors").read_bytes()
+    cases = [
+        (existing, f"--out {existing}: exists; pass --overwrite to replace it"),
+        (
+            tmp_path / "exp" / "p.csv",
+            f"--out {tmp_path / 'exp' / 'p.csv'}: inside the export {tmp_path / 'exp'}; write predictions elsewhere",
+        ),
+        (tmp_path / "d.csv", f"--out {tmp_path / 'd.csv'}: is a folder; expected a file name"),
+        (tmp_path / "no" / "p.csv", f"--out {tmp_path / 'no' / 'p.csv'}: no folder {tmp_path / 'no'}; create it first"),
+    ]
+    (tmp_path / "d.csv").mkdir()
+    for out, message in cases:
+        got = run_cli(["predict", str(tmp_path / "exp"), str(tmp_path / "imgs"), "--out", str(out)], tmp_path)
+        assert got.returncode == 2 and got.stderr.strip() == f"error: {message}", got.stderr
+    assert existing.read_text() == "a user's file" and not (tmp_path / "exp" / "p.csv").exists()
+    assert (tmp_path / "exp" / "model.safetensors").read_bytes() == weights
+    args = ["predict", str(tmp_path / "exp"), str(tmp_path / "imgs"), "--out", str(existing), "--overwrite"]
+    assert run_cli(args, tmp_path).returncode == 0 and existing.read_text().startswith("input,")

@@ -178,10 +178,21 @@ def predict_inputs(
 OUTPUT_FORMATS = (".csv", ".jsonl")
 
 
-def check_output(out: Path | None) -> None:
-    """A one-line InputError for an --out whose extension names no format (checked before predicting)."""
-    if out is not None and out.suffix.lower() not in OUTPUT_FORMATS:
+def check_output(out: Path | None, export: Path | None = None, overwrite: bool = True) -> None:
+    """A one-line InputError, before predicting, for an --out that names no format, a folder, a
+    folder that does not exist, a file inside the export, or an existing file without `overwrite`."""
+    if out is None:
+        return
+    if out.suffix.lower() not in OUTPUT_FORMATS:
         raise InputError(f"--out {out}: expected a file ending in {' or '.join(OUTPUT_FORMATS)}, got {out.suffix!r}")
+    if out.is_dir():
+        raise InputError(f"--out {out}: is a folder; expected a file name")
+    if not out.parent.resolve().is_dir():
+        raise InputError(f"--out {out}: no folder {out.parent}; create it first")
+    if export is not None and export.resolve() in out.resolve().parents:
+        raise InputError(f"--out {out}: inside the export {export}; write predictions elsewhere")
+    if out.exists() and not overwrite:
+        raise InputError(f"--out {out}: exists; pass --overwrite to replace it")
 
 
 def write_predictions(rows: list[dict], out: Path | None) -> str:

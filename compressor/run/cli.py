@@ -64,8 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("export", metavar="EXPORT", help="an export folder (runs/<name>/export)")
     pr.add_argument("inputs", metavar="INPUTS")
     pr.add_argument(
-        "--out", metavar="FILE", help="write CSV, or JSONL when FILE ends in .jsonl (default: CSV on stdout)"
+        "--out", metavar="FILE", help="write FILE.csv or FILE.jsonl (default: CSV on stdout); never inside EXPORT"
     )
+    pr.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     pr.add_argument("--batch-size", type=int, default=64)
     pr.add_argument("--top-k", type=int, default=3)
     pr.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
@@ -99,7 +100,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     from compressor.deploy.predict import check_output, predict_inputs, write_predictions
 
-    check_output(Path(args.out) if args.out else None)
+    check_output(Path(args.out) if args.out else None, Path(args.export), args.overwrite)
     rows = predict_inputs(args.export, args.inputs, args.batch_size, args.top_k, args.device, progress=True)
     text = write_predictions(rows, Path(args.out) if args.out else None)
     if args.out:
