@@ -16,123 +16,39 @@ import torch
 
 from compressor.core.errors import MetricInputError
 from compressor.uq import scores
+from compressor.uq.metric_inputs import (
+    CHUNK,
+    as_array,
+    check_labels,
+    check_member_probs,
+    check_probs,
+    check_scores,
+    prob_rows,
+    top_and_labels,
+    top_label,
+)
 
 EPS = scores.EPS
-CHUNK = 1 << 16  # rows per chunk: per-sample work never holds more than a chunk in float64
-
-
-def _np(a) -> np.ndarray:
-    if hasattr(a, "detach"):
-        a = a.detach().cpu().double().numpy()
-    return np.asarray(a, dtype=np.float64)
-
-
-def _array(a) -> np.ndarray:
-    """`a` as a numpy array without a float64 copy (a tensor becomes a view of its data)."""
-    if hasattr(a, "detach"):
-        a = a.detach().cpu()
-        return (a.float() if a.dtype in (np.float16, __import__("torch").bfloat16) else a).numpy()
-    return np.asarray(a)
-
-
-# --- input validation (one entry per kind of argument) -------------------------------------------
-def _probs(probs, fn: str, name: str = "probs") -> np.ndarray:
-    """`probs` as a non-empty [N, C] array (no copy); its values are checked chunk by chunk in `_rows`."""
-    p = _array(probs)
-    if p.ndim != 2:
-        raise MetricInputError(f"{fn}: {name}: expected probabilities [N, C], got shape {tuple(p.shape)}")
-    if p.shape[0] == 0 or p.shape[1] == 0:
-        raise MetricInputError(f"{fn}: {name}: empty (shape {tuple(p.shape)}); expected at least one sample")
-    return p
-
-
-def _member_probs(member_probs, fn: str) -> np.ndarray:
-    """`member_probs` as a non-empty [M, N, C] array of probabilities (every member's rows checked)."""
-    mp = _array(member_probs)
-    if mp.ndim != 3 or 0 in mp.shape:
-        raise MetricInputError(f"{fn}: member_probs: expected probabilities [M, N, C], got shape {tuple(mp.shape)}")
-    for m in mp:
-        for _ in _rows(m, fn, dtype=None, name="member_probs"):
-            pass
-    return mp
-
-
-def _labels(labels, n: int, classes: int, fn: str) -> np.ndarray:
-    """`labels` as int64 [N]: one integer class index in [0, classes) per row of the probabilities."""
-    y = _array(labels)
-    if y.ndim != 1 or len(y) != n:
-        raise MetricInputError(f"{fn}: labels: expected {n} labels (one per row of probs), got shape {tuple(y.shape)}")
-    if not np.issubdtype(y.dtype, np.integer):
-        if not np.issubdtype(y.dtype, np.number) or not np.all(np.isfinite(y)) or np.any(y != np.round(y)):
-            raise MetricInputError(f"{fn}: labels: expected integer class indices, got non-integer {y.dtype} values")
-    y = y.astype(np.int64)
-    if y.min() < 0 or y.max() >= classes:
-        raise MetricInputError(f"{fn}: labels: expected class indices in [0, {classes}), got {y.min()}..{y.max()}")
-    return y
-
-
-def _scores(score, fn: str, name: str) -> np.ndarray:
-    """`score` as a non-empty, finite float64 vector [N] (one OOD score per sample)."""
-    s = _np(score)
-    if s.ndim != 1 or len(s) == 0:
-        raise MetricInputError(f"{fn}: {name}: expected a non-empty vector of scores, got shape {tuple(s.shape)}")
-    if not np.all(np.isfinite(s)):
-        bad = int((~np.isfinite(s)).sum())
-        raise MetricInputError(f"{fn}: {name}: {bad} of {len(s)} scores are NaN or infinite; expected finite scores")
-    return s
-
-
-def _rows(probs, fn: str, dtype: type | None = np.float64, name: str = "probs"):
-    """Yield chunks of the rows of `probs` [N, C] (as `dtype`; None keeps the input's), checking
-    that they are probabilities."""
-    p = _probs(probs, fn, name)
-    for start in range(0, len(p), CHUNK):
-        chunk = np.asarray(p[start : start + CHUNK], dtype=dtype)
-        if not np.all(np.isfinite(chunk)):
-            raise MetricInputError(f"{fn}: {name}: NaN or infinite values; expected probabilities")
-        sums = chunk.sum(-1, dtype=np.float64)
-        if chunk.min() < -1e-6 or np.abs(sums - 1).max() > 1e-3:
-            raise MetricInputError(
-                f"{fn}: {name}: expected probabilities (rows in [0, 1] summing to 1); got rows summing to "
-                f"{sums.min():.3g}..{sums.max():.3g}: logits? apply softmax first"
-            )
-        yield start, chunk
-
-
-def _top(probs, fn: str) -> tuple[np.ndarray, np.ndarray]:
-    """Per sample, the top-label confidence and the predicted class."""
-    conf, pred = [], []
-    for _, c in _rows(probs, fn, dtype=None):  # max and argmax need no float64 copy
-        conf.append(c.max(-1).astype(np.float64))
-        pred.append(c.argmax(-1))
-    return np.concatenate(conf), np.concatenate(pred)
-
-
-def _top_and_labels(probs, labels, fn: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(confidence, prediction, labels) per sample, every argument checked."""
-    y = _labels(labels, *_probs(probs, fn).shape, fn)
-    conf, pred = _top(probs, fn)
-    return conf, pred, y
 
 
 def accuracy(probs, labels) -> float:
-    _, pred, y = _top_and_labels(probs, labels, "accuracy")
+    _, pred, y = top_and_labels(probs, labels, "accuracy")
     return float((pred == y).mean())
 
 
 def nll(probs, labels) -> float:
     """Mean negative log-likelihood of the true class (probabilities clipped at 1e-12)."""
-    y = _labels(labels, *_probs(probs, "nll").shape, "nll")
-    true = np.concatenate([c[np.arange(len(c)), y[s : s + len(c)]] for s, c in _rows(probs, "nll")])
+    y = check_labels(labels, *check_probs(probs, "nll").shape, "nll")
+    true = np.concatenate([c[np.arange(len(c)), y[s : s + len(c)]] for s, c in prob_rows(probs, "nll")])
     return float(-np.log(np.clip(true, EPS, 1.0)).mean())
 
 
 def brier(probs, labels) -> float:
     """Mean over samples of sum over classes of (p - onehot)^2 (range 0..2), computed as
     sum_c p_c^2 - 2 p_y + 1 per sample (no one-hot matrix)."""
-    y = _labels(labels, *_probs(probs, "brier").shape, "brier")
+    y = check_labels(labels, *check_probs(probs, "brier").shape, "brier")
     total = 0.0
-    for s, c in _rows(probs, "brier"):
+    for s, c in prob_rows(probs, "brier"):
         total += float((np.einsum("ij,ij->i", c, c) - 2 * c[np.arange(len(c)), y[s : s + len(c)]] + 1).sum())
     return total / len(y)
 
@@ -146,7 +62,7 @@ def _bin_index(conf: np.ndarray, bins: int) -> np.ndarray:
 
 def ece(probs, labels, bins: int = 15) -> float:
     """Top-label expected calibration error with `bins` equal-width confidence bins (a, b]."""
-    conf, pred, y = _top_and_labels(probs, labels, "ece")
+    conf, pred, y = top_and_labels(probs, labels, "ece")
     correct = (pred == y).astype(float)
     idx = _bin_index(conf, bins)
     gap = np.abs(np.bincount(idx, correct, bins) - np.bincount(idx, conf, bins))
@@ -156,7 +72,7 @@ def ece(probs, labels, bins: int = 15) -> float:
 def adaptive_ece(probs, labels, bins: int = 15) -> float:
     """Top-label ECE with equal-mass bins (samples sorted by confidence, split into `bins`); samples
     of equal confidence share the bin where their run starts, so the value ignores sample order."""
-    conf, pred, y = _top_and_labels(probs, labels, "adaptive_ece")
+    conf, pred, y = top_and_labels(probs, labels, "adaptive_ece")
     order = np.argsort(conf, kind="stable")
     conf, correct = conf[order], (pred == y)[order].astype(float)
     by_position = np.repeat(np.arange(bins), [len(c) for c in np.array_split(np.arange(len(conf)), bins)])
@@ -167,7 +83,7 @@ def adaptive_ece(probs, labels, bins: int = 15) -> float:
 
 def reliability_bins(probs, labels, bins: int = 15) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per equal-width bin (a, b]: mean confidence, accuracy and sample count (for reliability diagrams)."""
-    conf, pred, y = _top_and_labels(probs, labels, "reliability_bins")
+    conf, pred, y = top_and_labels(probs, labels, "reliability_bins")
     correct = (pred == y).astype(float)
     idx = _bin_index(conf, bins)
     counts = np.bincount(idx, minlength=bins).astype(float)
@@ -178,18 +94,18 @@ def reliability_bins(probs, labels, bins: int = 15) -> tuple[np.ndarray, np.ndar
 # --- uncertainty scores (higher = more uncertain / more OOD) --------------------------------
 def max_prob_score(probs) -> np.ndarray:
     """Negative maximum softmax probability (`compressor.uq.scores.max_prob`, row chunks)."""
-    return -_top(probs, "max_prob_score")[0]
+    return -top_label(probs, "max_prob_score")[0]
 
 
 def entropy_score(probs) -> np.ndarray:
     """Predictive entropy in nats (`compressor.uq.scores.entropy` on float64 row chunks)."""
-    parts = [scores.entropy(torch.from_numpy(c)).numpy() for _, c in _rows(probs, "entropy_score")]
+    parts = [scores.entropy(torch.from_numpy(c)).numpy() for _, c in prob_rows(probs, "entropy_score")]
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
 def mutual_information_score(member_probs) -> np.ndarray:
     """H(mean_m p_m) - mean_m H(p_m) (`compressor.uq.scores.mutual_information`, float64)."""
-    mp = _member_probs(member_probs, "mutual_information_score")
+    mp = check_member_probs(member_probs, "mutual_information_score")
     parts = [scores.mutual_information(torch.from_numpy(c)).numpy() for _, c in _member_chunks(mp)]
     return np.concatenate(parts)
 
@@ -218,12 +134,12 @@ def _rank_auc(pos: np.ndarray, neg: np.ndarray) -> float:
 
 def auroc(score_in, score_out) -> float:
     """Area under the ROC curve for telling OOD (positive) from ID by `score` (Mann-Whitney U)."""
-    return _rank_auc(_scores(score_out, "auroc", "score_out"), _scores(score_in, "auroc", "score_in"))
+    return _rank_auc(check_scores(score_out, "auroc", "score_out"), check_scores(score_in, "auroc", "score_in"))
 
 
 def aupr(score_in, score_out) -> float:
     """Average precision with OOD as the positive class (AUPR-Out), step-wise like scikit-learn."""
-    s_in, s_out = _scores(score_in, "aupr", "score_in"), _scores(score_out, "aupr", "score_out")
+    s_in, s_out = check_scores(score_in, "aupr", "score_in"), check_scores(score_out, "aupr", "score_out")
     scores = np.concatenate([s_out, s_in])
     is_pos = np.concatenate([np.ones(len(s_out)), np.zeros(len(s_in))])
     order = np.argsort(-scores, kind="mergesort")
@@ -241,7 +157,7 @@ def tpr_threshold(score_in, tpr: float = 0.95) -> float:
     smallest for the least k with k / N_id >= tpr (the threshold FPR95 and the stored OOD threshold use)."""
     if not 0.0 < tpr <= 1.0:
         raise MetricInputError(f"tpr_threshold: tpr: expected a share in (0, 1], got {tpr}")
-    s_in = np.sort(_scores(score_in, "tpr_threshold", "score_in"))
+    s_in = np.sort(check_scores(score_in, "tpr_threshold", "score_in"))
     n = len(s_in)
     k = max(1, int(np.floor(tpr * n)) - 1)
     while k < n and k / n < tpr:
@@ -257,7 +173,7 @@ def fpr_at_tpr(score_in, score_out, tpr: float = 0.95) -> float:
     the k-th smallest ID score for the least k with k / N_id >= tpr. (torch-uncertainty's routine
     and pytorch-ood's default take OOD as the positive class instead.) O(N log N) time, O(N) memory.
     """
-    s_out = np.sort(_scores(score_out, "fpr_at_tpr", "score_out"))
+    s_out = np.sort(check_scores(score_out, "fpr_at_tpr", "score_out"))
     return float(np.searchsorted(s_out, tpr_threshold(score_in, tpr), side="right") / len(s_out))
 
 
@@ -266,7 +182,7 @@ def risk_coverage(probs, labels, _fn: str = "risk_coverage") -> tuple[np.ndarray
     """Coverage and selective risk (error rate of the accepted samples) at every distinct confidence
     threshold, from the most confident down. Samples with equal confidence are accepted together
     (one threshold), so the curve does not depend on the order of the samples."""
-    conf, pred, y = _top_and_labels(probs, labels, _fn)
+    conf, pred, y = top_and_labels(probs, labels, _fn)
     order = np.argsort(-conf, kind="stable")
     conf, errors = conf[order], (pred != y)[order].astype(float)
     last_of_tie = np.r_[conf[1:] != conf[:-1], True]
@@ -292,7 +208,7 @@ def augrc(probs, labels) -> float:
 # --- ensemble diversity ------------------------------------------------------------------------
 def disagreement(member_probs) -> float:
     """Mean over member pairs of the share of samples on which their top-1 predictions differ."""
-    preds = _member_probs(member_probs, "disagreement").argmax(-1)
+    preds = check_member_probs(member_probs, "disagreement").argmax(-1)
     m = len(preds)
     if m < 2:
         return 0.0
@@ -302,7 +218,7 @@ def disagreement(member_probs) -> float:
 
 def pairwise_kl(member_probs) -> float:
     """Mean over ordered member pairs (i != j) of the mean KL(p_i || p_j)."""
-    mp = _member_probs(member_probs, "pairwise_kl")
+    mp = check_member_probs(member_probs, "pairwise_kl")
     m, n = mp.shape[0], mp.shape[1]
     if m < 2:
         return 0.0
@@ -320,8 +236,8 @@ SCORE_FUNCTIONS = {"msp": max_prob_score, "entropy": entropy_score}  # per ensem
 def classification_report(member_probs, labels, probs=None) -> dict[str, float]:
     """Accuracy, NLL, Brier, ECE, adaptive ECE, AURC and AUGRC of the ensemble prediction `probs`
     (default: the members' mean), plus member accuracy and diversity."""
-    mp = _member_probs(member_probs, "classification_report")  # no float64 copy: chunks convert
-    p = mp.mean(0) if probs is None else _array(probs)
+    mp = check_member_probs(member_probs, "classification_report")  # no float64 copy: chunks convert
+    p = mp.mean(0) if probs is None else as_array(probs)
     out = {
         "accuracy": accuracy(p, labels),
         "nll": nll(p, labels),
@@ -341,9 +257,9 @@ def classification_report(member_probs, labels, probs=None) -> dict[str, float]:
 def ood_report(member_probs_in, member_probs_out, probs_in=None, probs_out=None) -> dict[str, float]:
     """AUROC, AUPR and FPR95 for every applicable score (MSP and entropy of the ensemble prediction,
     by default the members' mean; MI of the members for ensembles)."""
-    mi, mo = _member_probs(member_probs_in, "ood_report"), _member_probs(member_probs_out, "ood_report")
-    p_in = mi.mean(0) if probs_in is None else _array(probs_in)
-    p_out = mo.mean(0) if probs_out is None else _array(probs_out)
+    mi, mo = check_member_probs(member_probs_in, "ood_report"), check_member_probs(member_probs_out, "ood_report")
+    p_in = mi.mean(0) if probs_in is None else as_array(probs_in)
+    p_out = mo.mean(0) if probs_out is None else as_array(probs_out)
     per_score = {name: (f(p_in), f(p_out)) for name, f in SCORE_FUNCTIONS.items()}
     if len(mi) > 1:
         per_score["mi"] = (mutual_information_score(mi), mutual_information_score(mo))

@@ -1,0 +1,70 @@
+"""The run folder: one run at a time (a lock that leaves no file behind), earlier outputs refused
+unless overwritten (and nothing else removed), an interrupted run marked as such."""
+
+import json
+import time
+
+import pytest
+import yaml
+
+from compressor.run.cli import main
+from compressor.run.runfolder import RunFolder
+
+from .test_bad_inputs import RECIPE
+
+
+def test_a_locked_run_folder_fails_at_once(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(RECIPE))
+    with RunFolder(tmp_path / "runs" / "bad"):
+        t0 = time.time()
+        code = main(["apply", str(path)])
+        err = capsys.readouterr().err
+    assert code == 2 and "another compressor run is using this folder (locked)" in err and time.time() - t0 < 30
+
+
+def test_earlier_outputs_are_refused_unless_overwritten(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "report.md").write_text("old")
+    (folder / ".masks.json.abc.tmp").write_text("left by a kill")
+    (folder / "mine.txt").write_text("a user's file")
+    with pytest.raises(Exception, match="holds an earlier run's outputs \\(report.md\\); pass --overwrite"):
+        with RunFolder(folder):
+            pass
+    with RunFolder(folder, overwrite=True) as rf:
+        assert not (folder / "report.md").exists() and not (folder / ".masks.json.abc.tmp").exists()
+        assert (folder / "RUNNING").exists() and (folder / "mine.txt").read_text() == "a user's file"
+        rf.finish()
+    assert not (folder / "RUNNING").exists()
+    assert not (folder / ".lock").exists(), "a finished run leaves no lock file"
+
+
+def test_a_lock_file_removed_under_a_waiting_run_is_not_taken_as_ours(tmp_path, monkeypatch):
+    """A run that opened `.lock` just before the holder finished and removed it would lock a file
+    no other run sees: it must refuse, not run beside the next one."""
+    import fcntl
+
+    from compressor.run import runfolder
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    real_flock = fcntl.flock
+
+    def race(fd, op):  # between our open and our flock, the holder removes the file and a new run creates it
+        (folder / ".lock").unlink()
+        (folder / ".lock").write_text("")
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(runfolder.fcntl, "flock", race)
+    with pytest.raises(Exception, match="another compressor run is using this folder"):
+        with RunFolder(folder):
+            pass
+
+
+def test_an_interrupted_run_stays_marked(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        with RunFolder(tmp_path / "run"):
+            raise KeyboardInterrupt
+    assert json.loads((tmp_path / "run" / "RUNNING").read_text())["status"] == "interrupted"
