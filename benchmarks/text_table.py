@@ -64,6 +64,7 @@ def rows(task: str) -> dict[str, list[dict]]:
         "hydra, classifier re-initialised": variant(reinit_head=True),
         "hydra, last block re-initialised": variant(reinit_blocks=1),
         "hydra, members tuned 2x longer": variant(steps=300, patience=None),
+        "hydra, members distilled from the base": variant(distill={"alpha": 0.5, "temperature": 2.0}),
     }
 
 
@@ -175,7 +176,8 @@ def merge(task: str, seeds: list[int]) -> None:
     per_seed = []
     for s, paths in files.items():  # one seed's rows, from its main run and any other part
         parts = [json.loads(p.read_text()) for p in paths]
-        minutes = sum(p["rows"].get("_minutes", {}).get("total", 0.0) for p in parts)
+        main_part = [p for p, path in zip(parts, paths) if path.name == f"text_{task}_seed{s}.json"]
+        minutes = sum(p["rows"].get("_minutes", {}).get("total", 0.0) for p in main_part)  # the main rows' run
         rows = {k: v for p in parts for k, v in p["rows"].items()} | {"_minutes": {"total": minutes}}
         per_seed.append({"task": task, "seed": s, "rows": rows})
     names = list(dict.fromkeys(n for p in per_seed for n in p["rows"] if n != "_minutes"))

@@ -168,6 +168,16 @@ SET_CASES = [
         ["--set", "steps.0.prune.members=1", "--set", "steps.2={calibrate: {ood_score: mi}}"],
         ["steps[2].calibrate: 'calibrate' ood_score 'mi' (mutual information between members) needs an ensemble"],
     ),
+    (
+        "disagreement-members",
+        [
+            "--set",
+            "steps.1={finetune: {target: members, disagreement: 0.3}}",
+            "--set",
+            "steps.2={merge: {merger: hydra}}",
+        ],
+        ["steps[1].finetune: 'finetune' disagreement rewards members for disagreeing inside one fused model"],
+    ),
     ("cache-dir-file", ["--set", "cache_dir=r.yaml"], ["cache_dir: 'r.yaml' is a file; expected a folder"]),
     ("out-file", ["--set", "out=r.yaml"], ["out: 'r.yaml' is a file; expected a folder"]),
     ("export-run-folder", ["--set", "steps.3.export.dir=./"], ["steps[3].export.dir: expected a relative folder"]),

@@ -79,6 +79,11 @@ def _check(cfg: dict, earlier: StepList, later: StepList) -> str | None:
         return "reinit_head and reinit_blocks need target 'members' (each member re-initialised on its own)"
     if cfg["freeze_embeddings"] and merged:
         return "freeze_embeddings needs target 'members' (a merged model's members share their embeddings already)"
+    if cfg["disagreement"] and not merged:
+        return (
+            "disagreement rewards members for disagreeing inside one fused model: it needs target 'merged' "
+            "(a finetune after the merge); members fine-tuned one by one have no other member to disagree with"
+        )
     return None
 
 
