@@ -36,6 +36,11 @@ def _check(probs: torch.Tensor, fn: str) -> torch.Tensor:
     return p
 
 
+def _check_method(method: str) -> None:
+    if method not in CONFORMAL_METHODS:
+        raise MetricInputError(f"conformal: method: expected one of {', '.join(CONFORMAL_METHODS)}, got {method!r}")
+
+
 def _mass_above(p: torch.Tensor) -> torch.Tensor:
     """Per class, the probability mass of the classes ranked strictly above it (ties by index)."""
     order = p.argsort(dim=-1, descending=True, stable=True)
@@ -46,8 +51,7 @@ def _mass_above(p: torch.Tensor) -> torch.Tensor:
 
 def class_scores(probs: torch.Tensor, method: str) -> torch.Tensor:
     """[N, C] nonconformity score each class would have (lower = more conforming)."""
-    if method not in CONFORMAL_METHODS:
-        raise MetricInputError(f"conformal: method: expected one of {', '.join(CONFORMAL_METHODS)}, got {method!r}")
+    _check_method(method)
     p = _check(probs, "class_scores")
     return 1.0 - p if method == "lac" else _mass_above(p) + p
 
@@ -78,8 +82,7 @@ def prediction_sets(probs: torch.Tensor, threshold: float, method: str, never_em
     p = _check(probs, "prediction_sets")
     if method == "lac":
         return class_scores(p, "lac") <= threshold
-    if method != "aps":
-        raise MetricInputError(f"conformal: method: expected one of {', '.join(CONFORMAL_METHODS)}, got {method!r}")
+    _check_method(method)
     sets = class_scores(p, "aps") <= threshold
     if never_empty:
         sets |= torch.zeros_like(sets).scatter_(-1, p.argmax(-1, keepdim=True), True)
@@ -96,7 +99,6 @@ def fit_conformal(
     probs: torch.Tensor, labels: torch.Tensor, coverage: float = DEFAULT_COVERAGE, method: str = "lac"
 ) -> dict:
     """What an export records: the coverage, the method `predict` uses, and every method's threshold."""
-    if method not in CONFORMAL_METHODS:
-        raise MetricInputError(f"conformal: method: expected one of {', '.join(CONFORMAL_METHODS)}, got {method!r}")
+    _check_method(method)
     thresholds = {m: conformal_threshold(probs, labels, m, coverage) for m in CONFORMAL_METHODS}
     return {"coverage": float(coverage), "method": method, **thresholds}
