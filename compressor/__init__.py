@@ -14,7 +14,9 @@ __version__ = "0.1.0"
 
 def load(path, device: str = "cpu", map_location: str | None = None):
     """Rebuild a model exported by the `export` step (any merger) from its folder, on `device`
-    (the CPU by default; `map_location` is the older name of the same argument)."""
+    (the CPU by default; `map_location` is the older name of the same argument). It returns a
+    `Calibrated` module: `.model` is the bare model, calling it gives `EnsembleOutput(member_logits,
+    probs)`, and `.class_names`, `.preprocessing`, `.ood`, `.conformal` say what the export recorded."""
     from compressor.deploy.export import load_export
 
     return load_export(path, map_location=map_location or device)

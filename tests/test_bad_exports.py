@@ -64,7 +64,7 @@ def test_edited_exports_are_refused_naming_file_and_key(case, hydra_export, tmp_
 
 def test_changed_weights_and_masks_are_detected(hydra_export):
     weights = hydra_export / "model.safetensors"
-    state = load_export(hydra_export).state_dict()
+    state = load_export(hydra_export).model.state_dict()
     state["heads.0.head.bias"] = state["heads.0.head.bias"] + 1
     save_weights(state, weights)
     with pytest.raises(WeightsError, match="content differs from config.json's weights_sha256"):

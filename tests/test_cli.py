@@ -66,7 +66,7 @@ def test_apply_vit_prune_end_to_end(tmp_path):
             im.verify()
     assert "| plain |" in (out_dir / "metrics.md").read_text()
     # the export loads with one call, no recipe, and is physically smaller
-    model = compressor.load(out_dir / "export")
+    model = compressor.load(out_dir / "export").model
     assert [b.attn.num_heads for b in model.blocks] == [2, 2]
     x = digits_bundle().test[:4][0]
     assert model(x).shape == (4, 8)

@@ -1,6 +1,7 @@
 """Exports that their own library loads without compressor: a plain timm export rebuilt with timm
 and torch alone (the README's snippet, run in a process that never imports compressor), and a
-MiniLM export read with transformers alone (encoder, tokenizer and mean-pool head)."""
+MiniLM export read with transformers alone (the README's text snippet: encoder, tokenizer,
+mean-pool head and the stored temperature)."""
 
 import subprocess
 import sys
@@ -75,8 +76,8 @@ def test_plain_timm_export_rebuilds_with_timm_alone(tmp_path):
 
 
 def test_minilm_export_reads_with_transformers_alone(tmp_path):
-    """Encoder, tokenizer and mean-pool head from hf_encoder/, with transformers only, give the
-    exported classifier's logits."""
+    """The README's text snippet (encoder, tokenizer and mean-pool head from hf_encoder/, the stored
+    temperature), run with transformers only, gives compressor.load's calibrated probabilities."""
     from transformers import AutoModel, AutoTokenizer
 
     from compressor.data.text import minilm_path
@@ -89,7 +90,7 @@ def test_minilm_export_reads_with_transformers_alone(tmp_path):
     mask = HeadMask.from_kept([[m, m + 4, 11 - m] for m in range(6)], [12] * 6)
     pruned = prune_physically(model, mask)
     export_model(
-        pruned,
+        Calibrated(pruned, 1.3, {}),
         tmp_path / "exp",
         [mask],
         ["rotten", "fresh"],
@@ -98,26 +99,20 @@ def test_minilm_export_reads_with_transformers_alone(tmp_path):
     sentences = ["a quiet triumph", "dull and far too long, with nothing to say"]
     ids = tok(sentences, padding="max_length", truncation=True, max_length=16, return_tensors="pt")["input_ids"]
     with torch.no_grad():
-        save_file({"logits": pruned(ids)}, str(tmp_path / "expected.safetensors"))
-    script = textwrap.dedent(f"""
+        probs = compressor.load(tmp_path / "exp")(ids).probs
+    assert not torch.allclose(probs, pruned(ids).softmax(-1).double(), atol=1e-3), "the temperature must matter"
+    save_file({"probs": probs.float()}, str(tmp_path / "expected.safetensors"))
+    snippet = (ROOT / "README.md").read_text().split("# standalone_hf.py", 1)[1].split("\n", 1)[1].split("```", 1)[0]
+    snippet = snippet.replace('"runs/my_text/export"', repr(str(tmp_path / "exp")))
+    check = textwrap.dedent(f"""
         import sys
         import torch
-        from safetensors.torch import load_file
-        from transformers import AutoModel, AutoTokenizer
-        folder = {str(tmp_path / "exp" / "hf_encoder")!r}
-        tok = AutoTokenizer.from_pretrained(folder)
-        encoder = AutoModel.from_pretrained(folder).eval()
-        head = load_file(folder + "/mean_pool_head.safetensors")
-        batch = tok({sentences!r}, padding="max_length", truncation=True, max_length=16, return_tensors="pt")
+        expected = load_file({str(tmp_path / "expected.safetensors")!r})["probs"]
         with torch.no_grad():
-            states = encoder(**batch).last_hidden_state
-        m = batch["attention_mask"].unsqueeze(-1).float()
-        logits = ((states * m).sum(1) / m.sum(1)) @ head["weight"].T + head["bias"]
-        expected = load_file({str(tmp_path / "expected.safetensors")!r})["logits"]
-        torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(calibrated_probs({sentences!r}), expected, rtol=1e-5, atol=1e-5)
         assert tok.vocab_size > 30000, "the real vocabulary, not a stub"
     """)
-    result = _run_alone(script + NO_COMPRESSOR, tmp_path)
+    result = _run_alone(snippet + check + NO_COMPRESSOR, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
 
 

@@ -204,8 +204,10 @@ def _read_config(path: Path) -> dict:
     return cfg
 
 
-def load_export(path: str | Path, map_location: str = "cpu") -> nn.Module:
-    """Rebuild the exported model (eval mode) from its folder; no recipe, no pickle."""
+def load_export(path: str | Path, map_location: str = "cpu") -> Calibrated:
+    """Rebuild the exported model (eval mode) from its folder; no recipe, no pickle. It comes back
+    wrapped in `Calibrated` with what the export recorded (temperature 1 and no thresholds when no
+    calibrate step ran), so every export answers the same way: `EnsembleOutput(member_logits, probs)`."""
     path = Path(path)
     if not path.is_dir():
         raise ExportError(f"{path}: no such export folder")
@@ -242,26 +244,26 @@ def load_export(path: str | Path, map_location: str = "cpu") -> nn.Module:
         resolve("merger", kind).verify(model)
     except ExportError as e:
         raise ExportError(f"{path / 'model.safetensors'}: {e}") from e
-    calibration = cfg.get("calibration")
-    if calibration:
-        scope = calibration["temperature_scope"]
-        temperature = torch.tensor(calibration["temperature"])
-        model = Calibrated(model, temperature, calibration["ood"], scope, calibration["conformal"])
-    model.class_names = cfg.get("class_names") or []
-    model.preprocessing = _attach_preprocessing(model, cfg.get("preprocessing"), path)
-    return model.to(map_location).eval()
+    calibration = cfg.get("calibration") or {}
+    preprocessing = _preprocessing_in(cfg.get("preprocessing"), path)
+    wrapped = Calibrated(
+        model,
+        torch.tensor(calibration.get("temperature", [1.0])),
+        calibration.get("ood"),
+        calibration.get("temperature_scope", "ensemble"),
+        calibration.get("conformal"),
+        class_names=cfg.get("class_names") or [],
+        preprocessing=preprocessing,
+    )
+    if preprocessing and hasattr(model, "pretrained_cfg"):  # a plain timm model: where timm reads it
+        model.pretrained_cfg = {**(model.pretrained_cfg or {}), **wrapped.pretrained_cfg}
+    return wrapped.to(map_location).eval()
 
 
-def _attach_preprocessing(model: nn.Module, preprocessing: dict | None, path: Path) -> dict:
-    """The recorded preprocessing, with a text model's tokenizer at its place in the export; an
-    image model's settings also go into `pretrained_cfg`, where timm.data.resolve_data_config
-    reads them."""
+def _preprocessing_in(preprocessing: dict | None, path: Path) -> dict:
+    """The recorded preprocessing, with a text model's tokenizer at its place in the export."""
     if not preprocessing:
         return {}
     if preprocessing.get("kind") == "text":
         return {**preprocessing, "tokenizer": str(path / str(preprocessing.get("tokenizer", "tokenizer")))}
-    target = model.model if isinstance(model, Calibrated) else model
-    settings = {k: tuple(v) if isinstance(v, list) else v for k, v in preprocessing.items() if k != "kind"}
-    for m in {id(model): model, id(target): target}.values():
-        m.pretrained_cfg = {**(getattr(m, "pretrained_cfg", None) or {}), **settings}
     return dict(preprocessing)

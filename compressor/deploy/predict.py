@@ -65,7 +65,7 @@ def _texts(inputs: Path) -> list[str]:
 
 def _batches(model: nn.Module, inputs: Path, batch_size: int) -> Iterator[tuple[list[str], torch.Tensor]]:
     """(names, model inputs) batches, made by the export's recorded preprocessing."""
-    prep = getattr(model, "preprocessing", None) or {}
+    prep = model.preprocessing if isinstance(model, Calibrated) else {}
     if prep.get("kind") == "text":
         from transformers import AutoTokenizer
 
@@ -166,7 +166,7 @@ def predict_inputs(
     read = logits_reader(model)
     ood = model.ood if isinstance(model, Calibrated) else {}
     conformal = model.conformal if isinstance(model, Calibrated) else {}
-    classes = list(getattr(model, "class_names", []) or [])
+    classes = model.class_names if isinstance(model, Calibrated) else []
     rows: list[dict] = []
     for names, x in tqdm(list(_batches(model, inputs, batch_size)), desc="predict", disable=None if progress else True):
         out = model(x.to(device))

@@ -283,7 +283,10 @@ class Calibrated(nn.Module):
     empty) and conformal thresholds (`conformal`: {"coverage", "method", "lac", "aps"}, or empty)
     attached. Scope 'ensemble': one temperature on the ensemble's log-probabilities
     (members' logits untouched); 'member': member logits divided by `temperature` ([M] or [1]).
-    Output: EnsembleOutput whose `probs` is the calibrated ensemble prediction (float64)."""
+    Output: EnsembleOutput whose `probs` is the calibrated ensemble prediction (float64).
+    `class_names` and `preprocessing` are what an export recorded (empty when not known); an
+    image model's preprocessing is also its `pretrained_cfg`, where timm.data.resolve_data_config
+    reads it."""
 
     def __init__(
         self,
@@ -292,6 +295,8 @@ class Calibrated(nn.Module):
         ood: dict | None = None,
         scope: str = "ensemble",
         conformal: dict | None = None,
+        class_names: list[str] | None = None,
+        preprocessing: dict | None = None,
     ) -> None:
         super().__init__()
         if scope not in TEMPERATURE_SCOPES:
@@ -301,7 +306,16 @@ class Calibrated(nn.Module):
         self.scope = scope
         self.ood = dict(ood or {})
         self.conformal = dict(conformal or {})
+        self.class_names = list(class_names or [])
+        self.preprocessing = dict(preprocessing or {})
         self._read = logits_reader(model)
+
+    @property
+    def pretrained_cfg(self) -> dict:
+        """An image model's recorded preprocessing in timm's spelling (lists as tuples); {} for text."""
+        if self.preprocessing.get("kind") == "text":
+            return {}
+        return {k: tuple(v) if isinstance(v, list) else v for k, v in self.preprocessing.items() if k != "kind"}
 
     @property
     def members(self) -> int:
