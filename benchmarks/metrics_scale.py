@@ -4,6 +4,7 @@ process, so each peak (the child's high-water RSS) is that metric's alone, input
 
     python benchmarks/metrics_scale.py              # ~10 minutes, at most ~8 GiB at a time, on 2 cores
     python benchmarks/metrics_scale.py --n 200000   # smaller
+    python benchmarks/metrics_scale.py --only pairwise_kl classification_report   # rerun rows
 
 Inputs: float32 probabilities (4 GB at 1M x 1,000); member probabilities as float16 numpy arrays
 (3 members: 6 GB; float32 would be 12 GB before any metric runs).
@@ -25,7 +26,7 @@ import torch
 from compressor.uq import metrics as M
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
-CHUNK = 1 << 16
+CHUNK = 1 << 12  # rows per chunk while building the inputs (small, so that building adds little to the peak)
 SINGLE = {  # metric -> (function, arguments)
     "accuracy": (M.accuracy, "probs,labels"),
     "nll": (M.nll, "probs,labels"),
@@ -112,17 +113,22 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=1_000_000)
     p.add_argument("--classes", type=int, default=1000)
+    p.add_argument("--only", nargs="+", choices=list(SINGLE), help="rerun these metrics, keep the other rows")
     p.add_argument("--child", nargs=2, metavar=("METRIC", "WHO"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         child(*args.child, args.n, args.classes)
         return
-    rows = {}
-    for name in SINGLE:
-        rows[name] = {"ours": run(name, "ours", args.n, args.classes)}
+    saved = RESULTS / "metrics_scale.json"
+    old = json.loads(saved.read_text()) if args.only and saved.is_file() else {}
+    same_size = old.get("n") == args.n and old.get("classes") == args.classes
+    rows = dict(old.get("rows", {})) if same_size else {}
+    for name in args.only or SINGLE:
+        rows[name] = {"ours": run(name, "ours", args.n, args.classes), "date": time.strftime("%Y-%m-%d")}
         if name in THEIRS:
             rows[name]["torchmetrics"] = run(name, "torchmetrics", args.n, args.classes)
         print(name, json.dumps(rows[name]), flush=True)
+    rows = {name: rows[name] for name in SINGLE if name in rows}
     payload = {"n": args.n, "classes": args.classes, "members": 3, "rows": rows}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "metrics_scale.json").write_text(json.dumps(payload, indent=1))

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from compressor.core.errors import MetricInputError
+from compressor.uq import metric_inputs
 from compressor.uq import metrics as M
 
 
@@ -30,6 +31,8 @@ LABELLED = [M.accuracy, M.nll, M.brier, M.ece, M.adaptive_ece, M.reliability_bin
         ("one label too many", lambda y: np.r_[y, 0], r"labels: expected 50 labels"),
         ("fractional labels", lambda y: y + 0.5, r"labels: expected integer class indices"),
         ("NaN label", lambda y: np.r_[np.nan, y[1:]], r"labels: expected integer class indices"),
+        ("whole-number floats", lambda y: y.astype(float), r"labels: expected integer class indices, got float64"),
+        ("booleans", lambda y: y > 1, r"labels: expected integer class indices, got bool"),
         ("2-D labels", lambda y: y[:, None], r"labels: expected 50 labels"),
     ],
 )
@@ -161,8 +164,8 @@ def test_ood_threshold_refuses_nan_scores():
 
 
 def test_chunked_ensemble_metrics_equal_the_whole_array(monkeypatch):
-    """Mutual information and pairwise KL run in float64 chunks (never the whole input copied):
-    tiny chunks give the values of a direct whole-array computation."""
+    """Mutual information, pairwise KL and the reports run in float64 chunks (never the whole input
+    copied, the ensemble mean never held whole): tiny chunks give a whole-array computation's values."""
     rng = np.random.default_rng(5)
     mp = rng.dirichlet(np.ones(6), (3, 101)).astype(np.float32)
     p64 = np.clip(mp.astype(np.float64), M.EPS, 1.0)
@@ -171,6 +174,15 @@ def test_chunked_ensemble_metrics_equal_the_whole_array(monkeypatch):
     kl = np.mean(
         [(p64[i] * (np.log(p64[i]) - np.log(p64[j]))).sum(-1).mean() for i in range(3) for j in range(3) if i != j]
     )
-    monkeypatch.setattr(M, "CHUNK", 7)
+    y = rng.integers(0, 6, 101)
+    single = {f.__name__: f(mean, y) for f in (M.accuracy, M.nll, M.brier, M.ece, M.adaptive_ece, M.aurc, M.augrc)}
+    out = rng.dirichlet(np.ones(6), (3, 37)).astype(np.float32)
+    p_out = np.clip(out.astype(np.float64), M.EPS, 1.0).mean(0)
+    msp_auroc = M.auroc(-mean.max(-1), -p_out.max(-1))
+    monkeypatch.setattr(metric_inputs, "CHUNK_VALUES", 7)
     np.testing.assert_allclose(M.mutual_information_score(mp), mi, atol=1e-9)
     assert M.pairwise_kl(mp) == pytest.approx(kl, abs=1e-9)
+    report = M.classification_report(mp, y)  # the mean taken chunk by chunk, never whole
+    for name, value in single.items():
+        assert report[name] == pytest.approx(value, abs=1e-6), name
+    assert M.ood_report(mp, out)["auroc_msp"] == pytest.approx(msp_auroc, abs=1e-12)

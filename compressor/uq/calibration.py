@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from compressor.core.errors import MetricInputError, OptionError
+from compressor.uq.metric_inputs import check_labels, check_member_logits
 from compressor.uq.metrics import tpr_threshold
 from compressor.uq.outputs import EnsembleOutput, logits_reader
 
@@ -109,24 +110,12 @@ def _fit_members(logits: torch.Tensor, labels: torch.Tensor, lo: float, hi: floa
     return log_t.detach().exp().clamp(lo, hi).float()
 
 
-def check_logits_and_labels(member_logits: torch.Tensor, labels: torch.Tensor, fn: str) -> None:
+def check_logits_and_labels(member_logits: torch.Tensor, labels: torch.Tensor, fn: str) -> torch.Tensor:
     """One-line `MetricInputError` unless `member_logits` is a finite [M, N, C] tensor with N >= 1
-    and `labels` holds N integer class indices in [0, C)."""
-    if member_logits.ndim != 3 or 0 in member_logits.shape:
-        raise MetricInputError(
-            f"{fn}: member_logits: expected [M, N, C] logits, got shape {tuple(member_logits.shape)}"
-        )
-    if not bool(torch.isfinite(member_logits).all()):
-        raise MetricInputError(f"{fn}: member_logits: NaN or infinite values; expected finite logits")
+    and `labels` holds N integer class indices in [0, C) (the metrics' validators); the labels as int64."""
+    check_member_logits(member_logits, fn)
     _, n, classes = member_logits.shape
-    if labels.ndim != 1 or len(labels) != n:
-        raise MetricInputError(f"{fn}: labels: expected {n} labels (one per sample), got shape {tuple(labels.shape)}")
-    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
-        raise MetricInputError(f"{fn}: labels: expected integer class indices, got {labels.dtype}")
-    if int(labels.min()) < 0 or int(labels.max()) >= classes:
-        raise MetricInputError(
-            f"{fn}: labels: expected class indices in [0, {classes}), got {int(labels.min())}..{int(labels.max())}"
-        )
+    return torch.from_numpy(check_labels(labels, n, classes, fn)).to(member_logits.device)
 
 
 def fit_temperature(
@@ -139,7 +128,7 @@ def fit_temperature(
     [1] on the ensemble's log-probabilities, or [M] per member (`per_member`). Refused when a
     temperature below 1 is allowed and the predictions it scales make no error on `labels`: the
     NLL then falls all the way to the lower bound (every probability pushed to 1)."""
-    check_logits_and_labels(member_logits, labels, "fit_temperature")
+    labels = check_logits_and_labels(member_logits, labels, "fit_temperature")
     logits = member_logits.detach()
     lo, hi = bounds
     if lo < 1.0:
@@ -185,9 +174,8 @@ def fit_checked_temperature(
     held-out errors; judged by `folds`-fold cross-fitting and kept only when the cross-fitted NLL
     gain exceeds NOISE_SE standard errors of the per-sample gains; otherwise 1.0.
     """
-    check_logits_and_labels(member_logits, labels, "fit_checked_temperature")
+    labels = check_logits_and_labels(member_logits, labels, "fit_checked_temperature")
     logits = member_logits.detach().double()
-    labels = labels.long()
     scope = "member" if per_member else "ensemble"
     ones = torch.ones(logits.shape[0] if per_member else 1)
     n = len(labels)

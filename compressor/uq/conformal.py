@@ -22,18 +22,15 @@ import math
 import torch
 
 from compressor.core.errors import MetricInputError
+from compressor.uq.metric_inputs import check_labels, check_prob_values
 
 CONFORMAL_METHODS = ("lac", "aps")
 DEFAULT_COVERAGE = 0.9
 
 
 def _check(probs: torch.Tensor, fn: str) -> torch.Tensor:
-    if probs.ndim != 2 or 0 in probs.shape:
-        raise MetricInputError(f"{fn}: probs: expected probabilities [N, C], got shape {tuple(probs.shape)}")
-    p = probs.double()
-    if not bool(torch.isfinite(p).all()) or float(p.min()) < -1e-6 or float((p.sum(-1) - 1).abs().max()) > 1e-3:
-        raise MetricInputError(f"{fn}: probs: expected finite probabilities (rows summing to 1)")
-    return p
+    """`probs` checked by the metrics' validator, as float64."""
+    return torch.as_tensor(check_prob_values(probs, fn)).double()
 
 
 def _check_method(method: str) -> None:
@@ -62,10 +59,7 @@ def conformal_threshold(probs: torch.Tensor, labels: torch.Tensor, method: str, 
         raise MetricInputError(f"conformal_threshold: coverage: expected a share in (0, 1), got {coverage}")
     scores = class_scores(probs, method)
     n, classes = scores.shape
-    if labels.ndim != 1 or len(labels) != n or labels.is_floating_point():
-        raise MetricInputError(f"conformal_threshold: labels: expected {n} integer labels, got {tuple(labels.shape)}")
-    if int(labels.min()) < 0 or int(labels.max()) >= classes:
-        raise MetricInputError(f"conformal_threshold: labels: expected class indices in [0, {classes})")
+    labels = torch.from_numpy(check_labels(labels, n, classes, "conformal_threshold"))
     k = math.ceil((n + 1) * coverage)
     if k > n:
         raise MetricInputError(

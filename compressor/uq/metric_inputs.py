@@ -1,6 +1,7 @@
 """Input validation for the metrics: one checker per kind of argument (probabilities, member
 probabilities, labels, scores), each failure a one-line `MetricInputError` naming the function and
-the argument; probabilities are read in row chunks so that no check copies a whole input to float64."""
+the argument; probabilities are read in chunks of at most CHUNK_VALUES values, so that no check copies a whole
+input (or a large part of it) to float64."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ import torch
 
 from compressor.core.errors import MetricInputError
 
-CHUNK = 1 << 16  # rows per chunk: per-sample work never holds more than a chunk in float64
+CHUNK_VALUES = 1 << 24  # values per chunk (128 MiB in float64): per-sample work holds no more at a time
+
+
+def chunk_rows(*row_shape: int) -> int:
+    """Rows per chunk for rows of `row_shape` values ([C], or [M, C] across members)."""
+    return max(1, CHUNK_VALUES // max(1, int(np.prod(row_shape))))
 
 
 def as_float64(a) -> np.ndarray:
@@ -43,19 +49,38 @@ def check_member_probs(member_probs, fn: str) -> np.ndarray:
     if mp.ndim != 3 or 0 in mp.shape:
         raise MetricInputError(f"{fn}: member_probs: expected probabilities [M, N, C], got shape {tuple(mp.shape)}")
     for m in mp:
-        for _ in prob_rows(m, fn, dtype=None, name="member_probs"):
-            pass
+        check_prob_values(m, fn, "member_probs")
     return mp
 
 
+def check_prob_values(probs, fn: str, name: str = "probs") -> np.ndarray:
+    """`probs` as a non-empty [N, C] array (no copy) whose every row is a probability vector."""
+    p = check_probs(probs, fn, name)
+    for _ in prob_rows(p, fn, dtype=None, name=name):
+        pass
+    return p
+
+
+def check_member_logits(member_logits: torch.Tensor, fn: str) -> None:
+    """`member_logits` must be a finite [M, N, C] tensor with N >= 1 (what calibration fits on)."""
+    if member_logits.ndim != 3 or 0 in member_logits.shape:
+        raise MetricInputError(
+            f"{fn}: member_logits: expected [M, N, C] logits, got shape {tuple(member_logits.shape)}"
+        )
+    if not bool(torch.isfinite(member_logits).all()):
+        raise MetricInputError(f"{fn}: member_logits: NaN or infinite values; expected finite logits")
+
+
 def check_labels(labels, n: int, classes: int, fn: str) -> np.ndarray:
-    """`labels` as int64 [N]: one integer class index in [0, classes) per row of the probabilities."""
+    """`labels` as int64 [N]: one class index in [0, classes) per row of the probabilities, of an
+    integer type (float labels are refused, as torch's losses and torchmetrics refuse them)."""
     y = as_array(labels)
     if y.ndim != 1 or len(y) != n:
         raise MetricInputError(f"{fn}: labels: expected {n} labels (one per row of probs), got shape {tuple(y.shape)}")
     if not np.issubdtype(y.dtype, np.integer):
-        if not np.issubdtype(y.dtype, np.number) or not np.all(np.isfinite(y)) or np.any(y != np.round(y)):
-            raise MetricInputError(f"{fn}: labels: expected integer class indices, got non-integer {y.dtype} values")
+        raise MetricInputError(
+            f"{fn}: labels: expected integer class indices, got {y.dtype} (cast whole numbers with .astype(int))"
+        )
     y = y.astype(np.int64)
     if y.min() < 0 or y.max() >= classes:
         raise MetricInputError(f"{fn}: labels: expected class indices in [0, {classes}), got {y.min()}..{y.max()}")
@@ -77,8 +102,9 @@ def prob_rows(probs, fn: str, dtype: type | None = np.float64, name: str = "prob
     """Yield chunks of the rows of `probs` [N, C] (as `dtype`; None keeps the input's), checking
     that they are probabilities."""
     p = check_probs(probs, fn, name)
-    for start in range(0, len(p), CHUNK):
-        chunk = np.asarray(p[start : start + CHUNK], dtype=dtype)
+    step = chunk_rows(p.shape[1])
+    for start in range(0, len(p), step):
+        chunk = np.asarray(p[start : start + step], dtype=dtype)
         if not np.all(np.isfinite(chunk)):
             raise MetricInputError(f"{fn}: {name}: NaN or infinite values; expected probabilities")
         sums = chunk.sum(-1, dtype=np.float64)

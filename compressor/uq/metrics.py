@@ -4,7 +4,7 @@ All functions take numpy arrays or tensors of probabilities and return floats. E
 checked by one set of validators before any work: probabilities finite, non-negative, rows summing
 to 1 (logits are refused), labels integers in range with one per row, scores finite, nothing empty;
 a failure is a one-line `MetricInputError` naming the function and the argument. Per-sample work
-runs in row chunks, so 1M samples x 1,000 classes fit in memory.
+runs in chunks of a few MiB (`metric_inputs.CHUNK_VALUES`), so 1M samples x 1,000 classes fit in memory.
 `probs` is [N, C]; ensemble functions take `member_probs` [M, N, C]. OOD scores follow the
 convention "higher = more likely OOD" and the OOD set is the positive class for AUROC/AUPR.
 """
@@ -17,12 +17,11 @@ import torch
 from compressor.core.errors import MetricInputError
 from compressor.uq import scores
 from compressor.uq.metric_inputs import (
-    CHUNK,
-    as_array,
     check_labels,
     check_member_probs,
     check_probs,
     check_scores,
+    chunk_rows,
     prob_rows,
     top_and_labels,
     top_label,
@@ -40,17 +39,27 @@ def nll(probs, labels) -> float:
     """Mean negative log-likelihood of the true class (probabilities clipped at 1e-12)."""
     y = check_labels(labels, *check_probs(probs, "nll").shape, "nll")
     true = np.concatenate([c[np.arange(len(c)), y[s : s + len(c)]] for s, c in prob_rows(probs, "nll")])
-    return float(-np.log(np.clip(true, EPS, 1.0)).mean())
+    return _nll_of(true)
+
+
+def _nll_of(p_true: np.ndarray) -> float:
+    return float(-np.log(np.clip(p_true, EPS, 1.0)).mean())
 
 
 def brier(probs, labels) -> float:
     """Mean over samples of sum over classes of (p - onehot)^2 (range 0..2), computed as
     sum_c p_c^2 - 2 p_y + 1 per sample (no one-hot matrix)."""
     y = check_labels(labels, *check_probs(probs, "brier").shape, "brier")
-    total = 0.0
-    for s, c in prob_rows(probs, "brier"):
-        total += float((np.einsum("ij,ij->i", c, c) - 2 * c[np.arange(len(c)), y[s : s + len(c)]] + 1).sum())
-    return total / len(y)
+    parts = [(_squares(c), c[np.arange(len(c)), y[s : s + len(c)]]) for s, c in prob_rows(probs, "brier")]
+    return _brier_of(np.concatenate([q for q, _ in parts]), np.concatenate([t for _, t in parts]))
+
+
+def _squares(p: np.ndarray) -> np.ndarray:
+    return np.einsum("ij,ij->i", p, p)
+
+
+def _brier_of(squares: np.ndarray, p_true: np.ndarray) -> float:
+    return float((squares - 2 * p_true + 1).mean())
 
 
 def _bin_index(conf: np.ndarray, bins: int) -> np.ndarray:
@@ -63,7 +72,10 @@ def _bin_index(conf: np.ndarray, bins: int) -> np.ndarray:
 def ece(probs, labels, bins: int = 15) -> float:
     """Top-label expected calibration error with `bins` equal-width confidence bins (a, b]."""
     conf, pred, y = top_and_labels(probs, labels, "ece")
-    correct = (pred == y).astype(float)
+    return _ece_of(conf, (pred == y).astype(float), bins)
+
+
+def _ece_of(conf: np.ndarray, correct: np.ndarray, bins: int) -> float:
     idx = _bin_index(conf, bins)
     gap = np.abs(np.bincount(idx, correct, bins) - np.bincount(idx, conf, bins))
     return float(gap.sum() / len(conf))
@@ -73,8 +85,12 @@ def adaptive_ece(probs, labels, bins: int = 15) -> float:
     """Top-label ECE with equal-mass bins (samples sorted by confidence, split into `bins`); samples
     of equal confidence share the bin where their run starts, so the value ignores sample order."""
     conf, pred, y = top_and_labels(probs, labels, "adaptive_ece")
+    return _adaptive_ece_of(conf, (pred == y).astype(float), bins)
+
+
+def _adaptive_ece_of(conf: np.ndarray, correct: np.ndarray, bins: int) -> float:
     order = np.argsort(conf, kind="stable")
-    conf, correct = conf[order], (pred == y)[order].astype(float)
+    conf, correct = conf[order], correct[order]
     by_position = np.repeat(np.arange(bins), [len(c) for c in np.array_split(np.arange(len(conf)), bins)])
     _, first, group = np.unique(conf, return_index=True, return_inverse=True)
     idx = by_position[first][group]
@@ -111,11 +127,25 @@ def mutual_information_score(member_probs) -> np.ndarray:
 
 
 def _member_chunks(mp: np.ndarray):
-    """Yield (start, float64 chunk [M, n, C]) over the samples of `mp`, CHUNK values' worth of rows
-    across members: never the whole input in float64."""
-    step = max(1, CHUNK // len(mp))
+    """Yield (start, float64 chunk [M, n, C]) over the samples of `mp`, a few MiB at a time:
+    never the whole input in float64."""
+    step = chunk_rows(mp.shape[0], mp.shape[2])
     for start in range(0, mp.shape[1], step):
         yield start, np.asarray(mp[:, start : start + step], dtype=np.float64)
+
+
+def _ensemble_chunks(mp: np.ndarray, probs, fn: str):
+    """Yield (start, member chunk [M, n, C], ensemble-prediction chunk [n, C]) in float64: the
+    ensemble prediction is `probs` (checked, one row per sample of `mp`) or the members' mean,
+    computed chunk by chunk (the mean of 1M x 1,000 is never held whole)."""
+    p = None if probs is None else check_probs(probs, fn)
+    if p is not None and p.shape != mp.shape[1:]:
+        raise MetricInputError(f"{fn}: probs: expected shape {tuple(mp.shape[1:])} (a member's), got {tuple(p.shape)}")
+    for start, chunk in _member_chunks(mp):
+        if p is None:
+            yield start, chunk, chunk.mean(0)
+        else:
+            yield start, chunk, next(prob_rows(p[start : start + chunk.shape[1]], fn))[1]
 
 
 # --- OOD detection ---------------------------------------------------------------------------
@@ -183,8 +213,12 @@ def risk_coverage(probs, labels, _fn: str = "risk_coverage") -> tuple[np.ndarray
     threshold, from the most confident down. Samples with equal confidence are accepted together
     (one threshold), so the curve does not depend on the order of the samples."""
     conf, pred, y = top_and_labels(probs, labels, _fn)
+    return _risk_coverage_of(conf, (pred != y).astype(float))
+
+
+def _risk_coverage_of(conf: np.ndarray, errors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     order = np.argsort(-conf, kind="stable")
-    conf, errors = conf[order], (pred != y)[order].astype(float)
+    conf, errors = conf[order], errors[order]
     last_of_tie = np.r_[conf[1:] != conf[:-1], True]
     accepted = np.arange(1, len(conf) + 1)[last_of_tie]
     return accepted / len(conf), np.cumsum(errors)[last_of_tie] / accepted
@@ -194,14 +228,20 @@ def aurc(probs, labels) -> float:
     """Area under the risk-coverage curve (Geifman & El-Yaniv 2017): the selective risk averaged
     over coverage, each threshold weighted by the share of samples it adds (1/N each without
     ties, so the mean over coverages 1/N..1). Lower is better; invariant to sample order."""
-    coverage, risk = risk_coverage(probs, labels, "aurc")
+    return _aurc_of(*risk_coverage(probs, labels, "aurc"))
+
+
+def _aurc_of(coverage: np.ndarray, risk: np.ndarray) -> float:
     return float((np.diff(coverage, prepend=0.0) * risk).sum())
 
 
 def augrc(probs, labels) -> float:
     """Area under the generalized risk-coverage curve (Traub et al. 2024): the share of ALL samples
     that are accepted and wrong, averaged over coverage like `aurc`. Lower is better."""
-    coverage, risk = risk_coverage(probs, labels, "augrc")
+    return _augrc_of(*risk_coverage(probs, labels, "augrc"))
+
+
+def _augrc_of(coverage: np.ndarray, risk: np.ndarray) -> float:
     return float((np.diff(coverage, prepend=0.0) * risk * coverage).sum())
 
 
@@ -230,22 +270,31 @@ def pairwise_kl(member_probs) -> float:
     return total / (n * m * (m - 1))
 
 
-SCORE_FUNCTIONS = {"msp": max_prob_score, "entropy": entropy_score}  # per ensemble prediction
-
-
 def classification_report(member_probs, labels, probs=None) -> dict[str, float]:
     """Accuracy, NLL, Brier, ECE, adaptive ECE, AURC and AUGRC of the ensemble prediction `probs`
-    (default: the members' mean), plus member accuracy and diversity."""
-    mp = check_member_probs(member_probs, "classification_report")  # no float64 copy: chunks convert
-    p = mp.mean(0) if probs is None else as_array(probs)
+    (default: the members' mean), plus member accuracy and diversity. One pass over row chunks
+    keeps what those metrics need per sample (confidence, prediction, the true class's probability,
+    the sum of squares), so the ensemble prediction is never materialised."""
+    fn = "classification_report"
+    mp = check_member_probs(member_probs, fn)
+    y = check_labels(labels, mp.shape[1], mp.shape[2], fn)
+    conf, pred, true, squares = [], [], [], []
+    for start, _, p in _ensemble_chunks(mp, probs, fn):
+        conf.append(p.max(-1))
+        pred.append(p.argmax(-1))
+        true.append(p[np.arange(len(p)), y[start : start + len(p)]])
+        squares.append(_squares(p))
+    conf, pred, true, squares = (np.concatenate(v) for v in (conf, pred, true, squares))
+    correct = (pred == y).astype(float)
+    rc = _risk_coverage_of(conf, 1.0 - correct)
     out = {
-        "accuracy": accuracy(p, labels),
-        "nll": nll(p, labels),
-        "brier": brier(p, labels),
-        "ece": ece(p, labels),
-        "adaptive_ece": adaptive_ece(p, labels),
-        "aurc": aurc(p, labels),
-        "augrc": augrc(p, labels),
+        "accuracy": float(correct.mean()),
+        "nll": _nll_of(true),
+        "brier": _brier_of(squares, true),
+        "ece": _ece_of(conf, correct, 15),
+        "adaptive_ece": _adaptive_ece_of(conf, correct, 15),
+        "aurc": _aurc_of(*rc),
+        "augrc": _augrc_of(*rc),
     }
     if len(mp) > 1:
         out["disagreement"] = disagreement(mp)
@@ -255,17 +304,24 @@ def classification_report(member_probs, labels, probs=None) -> dict[str, float]:
 
 
 def ood_report(member_probs_in, member_probs_out, probs_in=None, probs_out=None) -> dict[str, float]:
-    """AUROC, AUPR and FPR95 for every applicable score (MSP and entropy of the ensemble prediction,
-    by default the members' mean; MI of the members for ensembles)."""
+    """AUROC, AUPR and FPR95 for every applicable score (`compressor.uq.scores.ood_score`: MSP and
+    entropy of the ensemble prediction, by default the members' mean; MI of the members for
+    ensembles), computed chunk by chunk."""
     mi, mo = check_member_probs(member_probs_in, "ood_report"), check_member_probs(member_probs_out, "ood_report")
-    p_in = mi.mean(0) if probs_in is None else as_array(probs_in)
-    p_out = mo.mean(0) if probs_out is None else as_array(probs_out)
-    per_score = {name: (f(p_in), f(p_out)) for name, f in SCORE_FUNCTIONS.items()}
-    if len(mi) > 1:
-        per_score["mi"] = (mutual_information_score(mi), mutual_information_score(mo))
+    names = [n for n in scores.OOD_SCORES if n not in scores.ENSEMBLE_SCORES or len(mi) > 1]
+
+    def per_sample(mp: np.ndarray, probs) -> dict[str, np.ndarray]:
+        parts: dict[str, list] = {n: [] for n in names}
+        for _, members, p in _ensemble_chunks(mp, probs, "ood_report"):
+            m, q = torch.from_numpy(members), torch.from_numpy(p)
+            for n in names:
+                parts[n].append(scores.ood_score(m, n, q).numpy())
+        return {n: np.concatenate(v) for n, v in parts.items()}
+
+    s_in, s_out = per_sample(mi, probs_in), per_sample(mo, probs_out)
     out = {}
-    for name, (s_in, s_out) in per_score.items():
-        out[f"auroc_{name}"] = auroc(s_in, s_out)
-        out[f"aupr_{name}"] = aupr(s_in, s_out)
-        out[f"fpr95_{name}"] = fpr_at_tpr(s_in, s_out)
+    for name in names:
+        out[f"auroc_{name}"] = auroc(s_in[name], s_out[name])
+        out[f"aupr_{name}"] = aupr(s_in[name], s_out[name])
+        out[f"fpr95_{name}"] = fpr_at_tpr(s_in[name], s_out[name])
     return out
