@@ -1,7 +1,9 @@
 """Data: the `DataBundle` every step reads, and where it comes from.
 
-Sources: the embedded digits default (`digits`), a user's image folder (`images`), the bundled
-text benchmarks (`text`: sentiment, topics), and validation outliers (`outliers`: never a test OOD set).
+Sources: the embedded digits default (`digits`), a user's image folder (`images`), the committed
+Fashion-MNIST subset for pretrained image models (`fashion`), the committed text benchmarks
+(`text`: sentiment, topics), each committed file checked against its sha256 (`committed`),
+and validation outliers (`outliers`: never a test OOD set).
 Loaders are per-rank under torch.distributed (`bundle`). This layer sits above the model
 families (image transforms follow the model; text uses its tokenizer) and below everything that
 evaluates or trains.
@@ -23,7 +25,7 @@ def load_bundle(
     committed text benchmark tokenised for transformers model `model_name`."""
     if data_cfg["source"] == "digits":
         return digits_bundle(
-            img_size=data_cfg["img_size"] or 16, in_classes=data_cfg["in_classes"], seed=data_cfg["seed"]
+            img_size=data_cfg["img_size"] or 16, in_classes=data_cfg["in_classes"] or range(8), seed=data_cfg["seed"]
         )
     if data_cfg["source"] == "text":
         from compressor.data.text import text_bundle
@@ -37,6 +39,16 @@ def load_bundle(
             max_samples=data_cfg["max_samples"],
         )
     overrides = {k: data_cfg[k] for k in ("img_size", "mean", "std", "interpolation", "crop_pct")}
+    if data_cfg["source"] == "fashion_mnist":
+        from compressor.data.fashion import DEFAULT_IN_CLASSES, fashion_bundle
+
+        tf_eval, _, cfg = image_transforms(model, overrides, "none", pretrained)
+        data = fashion_bundle(tf_eval, cfg, data_cfg["in_classes"] or DEFAULT_IN_CLASSES, seed=data_cfg["seed"])
+        data.notes.append(
+            f"data: Fashion-MNIST images are 28x28 px; evaluation resizes them to {data.img_size} px "
+            f"({cfg['interpolation']}); set data.img_size to change it"
+        )
+        return data
     return image_folder_bundle(
         data_cfg["root"],
         model,

@@ -29,8 +29,9 @@ def _prepare(images: np.ndarray, img_size: int) -> torch.Tensor:
     return (x - DIGITS_MEAN) / DIGITS_STD
 
 
-def corrupt(x: torch.Tensor, kind: str, seed: int = 0) -> torch.Tensor:
-    """Shifted copies of normalised digit images: 'noise', 'blur' or 'rotate'."""
+def corrupt(x: torch.Tensor, kind: str, seed: int = 0, background: torch.Tensor | float | None = None) -> torch.Tensor:
+    """Shifted copies of normalised images: 'noise', 'blur' or 'rotate' (filling with `background`,
+    the normalised value of black; default: the digits')."""
     g = torch.Generator().manual_seed(seed)
     if kind == "noise":
         return x + 0.8 * torch.randn(x.shape, generator=g)
@@ -38,7 +39,8 @@ def corrupt(x: torch.Tensor, kind: str, seed: int = 0) -> torch.Tensor:
         k = torch.tensor([1.0, 4.0, 6.0, 4.0, 1.0])
         k = (k[:, None] * k[None, :]) / 256.0
         pad = F.pad(x, (2, 2, 2, 2), mode="replicate")
-        return F.conv2d(pad, k[None, None].to(x.dtype))
+        channels = x.shape[1]
+        return F.conv2d(pad, k[None, None].to(x.dtype).expand(channels, 1, 5, 5).contiguous(), groups=channels)
     if kind == "rotate":
         angle = (torch.rand(x.shape[0], generator=g) * 2 - 1) * (np.pi / 4)
         cos, sin = torch.cos(angle), torch.sin(angle)
@@ -46,7 +48,7 @@ def corrupt(x: torch.Tensor, kind: str, seed: int = 0) -> torch.Tensor:
             [torch.stack([cos, -sin, torch.zeros_like(cos)], 1), torch.stack([sin, cos, torch.zeros_like(cos)], 1)], 1
         )
         grid = F.affine_grid(theta, list(x.shape), align_corners=False)
-        background = -DIGITS_MEAN / DIGITS_STD
+        background = -DIGITS_MEAN / DIGITS_STD if background is None else background
         return F.grid_sample(x - background, grid, align_corners=False) + background
     raise OptionError(f"unknown corruption '{kind}'; choices: noise, blur, rotate")
 

@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import functools
 import gzip
-import hashlib
 import json
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from compressor.core.errors import InputError
+from compressor.data.committed import DATASETS, verified_bytes
 
-DATASETS = Path(__file__).parents[1] / "datasets"
 TASKS = {
     # task -> (class names in label order, OOD set -> near/far)
     "sentiment": (
@@ -53,16 +51,8 @@ def resolve_model_path(name: str) -> str:
 def task_rows(task: str, datasets: Path | None = None) -> list[dict]:
     """The rows (text, label, split) of a committed text benchmark, after checking the file's sha256
     against MANIFEST.json: a missing or edited file is a one-line error naming it."""
-    datasets = datasets or DATASETS
-    path = datasets / f"text_{task}.jsonl.gz"
-    where = f"data.task '{task}': {path}"
-    if not path.is_file():
-        raise InputError(f"{where}: file missing (reinstall compressor, or rebuild it: see datasets/README.md)")
-    expected = json.loads((datasets / "MANIFEST.json").read_text()).get(path.name)
-    if hashlib.sha256(path.read_bytes()).hexdigest() != expected:
-        raise InputError(f"{where}: sha256 differs from MANIFEST.json (edited or damaged; reinstall or rebuild it)")
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f]
+    blob = verified_bytes(f"text_{task}.jsonl.gz", f"data.task '{task}'", datasets or DATASETS)
+    return [json.loads(line) for line in gzip.decompress(blob).decode("utf-8").splitlines()]
 
 
 def _capped(texts: list, limit: int | None, seed: int) -> list:

@@ -69,7 +69,7 @@ MODEL_SCHEMA: dict[str, Field] = {
 }
 
 DATA_SCHEMA: dict[str, Field] = {
-    "source": Field((str,), "digits", choices=("digits", "image_folder", "text")),
+    "source": Field((str,), "digits", choices=("digits", "image_folder", "text", "fashion_mnist")),
     "task": Field(
         (str,), "sentiment", choices=("sentiment", "topics"), doc="text: which committed benchmark (datasets/README.md)"
     ),
@@ -97,17 +97,18 @@ DATA_SCHEMA: dict[str, Field] = {
         (str,), "light", choices=("none", "light", "timm"), doc="image_folder: training augmentation (see README)"
     ),
     "in_classes": Field(
-        (list,),
-        list(range(8)),
+        (list, type(None)),
+        None,
         check=lambda v: (
             None
-            if len(v) >= 2
+            if v is None
+            or len(v) >= 2
             and len(set(v)) == len(v)
             and all(isinstance(c, int) and 0 <= c <= 9 for c in v)
             and len(v) < 10
             else "2 to 9 distinct digits 0..9"
         ),
-        doc="digits: in-distribution classes (the others are the near-OOD set)",
+        doc="digits (default 0-7), fashion_mnist (default 0-6): in-distribution classes (the others: near OOD)",
     ),
     "seed": Field((int,), 0, doc="data split seed"),
     "batch_size": Field((int,), 256, check=_between(1, MAX_BATCH), doc="evaluation/calibration batch size"),

@@ -45,7 +45,7 @@ class Runner:
     def load_data(self) -> DataBundle:
         r = self.recipe
         probe = None
-        if r.data["source"] == "image_folder":  # transforms follow the model's input size
+        if r.data["source"] in ("image_folder", "fashion_mnist"):  # transforms follow the model's input size
             probe = create_timm(r.model["name"], r.model["kwargs"], 1, 3, pretrained=False)
         pretrained = bool(r.model["pretrained"] or r.model.get("weights"))  # weights a pretrained config describes
         data = load_bundle(r.data, r.model["name"], probe, pretrained=pretrained)

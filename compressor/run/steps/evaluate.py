@@ -76,7 +76,14 @@ def write_plots(ctx: RunContext, arrays: dict[str, dict]) -> list[str]:
     return written
 
 
-@register_step("evaluate", SCHEMA)
+def _something_to_evaluate(cfg: dict, earlier: list, later: list) -> str | None:
+    """Without a merge before it, the baselines are all there is to evaluate."""
+    if not cfg["baselines"] and not any(name == "merge" for name, _ in earlier):
+        return "has nothing to evaluate: no merge step before it and no baselines; expected e.g. baselines: [base]"
+    return None
+
+
+@register_step("evaluate", SCHEMA, check=_something_to_evaluate)
 def evaluate(ctx: RunContext, cfg: dict) -> None:
     """Evaluate the result and the baselines on test, OOD and shifted data (metrics.json, plots/)."""
     models = {}

@@ -1,0 +1,26 @@
+"""The data files committed under `compressor/datasets/`, each read only after its sha256 matches
+`MANIFEST.json`: a missing or edited file is a one-line error naming it (see datasets/README.md)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from compressor.core.errors import InputError
+
+DATASETS = Path(__file__).parents[1] / "datasets"
+
+
+def verified_bytes(name: str, where: str, datasets: Path | None = None) -> bytes:
+    """The bytes of committed file `name`, checked against MANIFEST.json (`where` names the recipe key)."""
+    datasets = datasets or DATASETS
+    path = datasets / name
+    where = f"{where}: {path}"
+    if not path.is_file():
+        raise InputError(f"{where}: file missing (reinstall compressor, or rebuild it: see datasets/README.md)")
+    expected = json.loads((datasets / "MANIFEST.json").read_text()).get(path.name)
+    blob = path.read_bytes()
+    if hashlib.sha256(blob).hexdigest() != expected:
+        raise InputError(f"{where}: sha256 differs from MANIFEST.json (edited or damaged; reinstall or rebuild it)")
+    return blob
