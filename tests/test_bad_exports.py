@@ -48,6 +48,16 @@ EXPORT_CASES = [
     ("format", lambda c: c.__setitem__("format", "v0"), "format: expected 'compressor.export/2'"),
     ("class-names", lambda c: c.__setitem__("class_names", [1, 2]), "class_names: expected a list of strings"),
     ("temperature", lambda c: c.__setitem__("calibration", {"temperature": [-1.0]}), "calibration.temperature"),
+    *[
+        (
+            f"threshold-{bad}",
+            lambda c, bad=bad: c.__setitem__(
+                "calibration", {"temperature": [1.0], "ood": {"score": "msp", "tpr": 0.95, "threshold": bad}}
+            ),
+            "calibration.ood: expected a score (msp, entropy, mi) and a finite threshold",
+        )
+        for bad in (float("nan"), float("inf"), "0.5", True)
+    ],
 ]
 
 
@@ -92,4 +102,18 @@ def test_weights_outside_the_specs_heads_are_refused(tmp_path):
     _edit_config(tmp_path / "e", fewer)
     (tmp_path / "e" / "masks.json").unlink(missing_ok=True)
     with pytest.raises(ExportError, match="non-zero padding"):
+        load_export(tmp_path / "e")
+
+
+def test_an_ensemble_ood_score_on_a_single_model_export_is_refused(tmp_path):
+    from compressor.uq.calibration import Calibrated
+    from mergers.plain import prune_physically
+
+    vit = make_vit("tiny_cls")
+    mask = HeadMask.from_kept([[0, 1], [2]], [4, 4])
+    ood = {"score": "msp", "tpr": 0.95, "threshold": -0.5}
+    export_model(Calibrated(prune_physically(vit, mask), 1.0, ood), tmp_path / "e", [mask])
+    load_export(tmp_path / "e")  # msp: fine on one model
+    _edit_config(tmp_path / "e", lambda c: c["calibration"]["ood"].__setitem__("score", "mi"))
+    with pytest.raises(ExportError, match=r"calibration.ood.score: 'mi' needs an ensemble; one member"):
         load_export(tmp_path / "e")

@@ -29,7 +29,7 @@ from compressor.core.schema import Field, validate_mapping
 from compressor.core.weights import load_weights, save_weights
 from compressor.uq.calibration import TEMPERATURE_SCOPES, Calibrated
 from compressor.uq.conformal import CONFORMAL_METHODS
-from compressor.uq.scores import OOD_SCORES
+from compressor.uq.scores import ENSEMBLE_SCORES, OOD_SCORES
 
 FORMAT = "compressor.export/2"
 
@@ -145,8 +145,10 @@ def _positive_list(v: list) -> str | None:
 
 
 def _ood(v: dict) -> str | None:
-    ok = not v or (v.get("score") in OOD_SCORES and isinstance(v.get("threshold"), (int, float)))
-    return None if ok else f"a score ({', '.join(OOD_SCORES)}) and a threshold"
+    t = v.get("threshold")
+    finite = isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
+    ok = not v or (v.get("score") in OOD_SCORES and finite)
+    return None if ok else f"a score ({', '.join(OOD_SCORES)}) and a finite threshold"
 
 
 def _conformal(v: dict) -> str | None:
@@ -255,6 +257,8 @@ def load_export(path: str | Path, map_location: str = "cpu") -> Calibrated:
         class_names=cfg.get("class_names") or [],
         preprocessing=preprocessing,
     )
+    if wrapped.ood.get("score") in ENSEMBLE_SCORES and wrapped.members < 2:
+        raise ExportError(f"{cfg_path}: calibration.ood.score: '{wrapped.ood['score']}' needs an ensemble; one member")
     if preprocessing and hasattr(model, "pretrained_cfg"):  # a plain timm model: where timm reads it
         model.pretrained_cfg = {**(model.pretrained_cfg or {}), **wrapped.pretrained_cfg}
     return wrapped.to(map_location).eval()
