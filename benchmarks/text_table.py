@@ -1,6 +1,8 @@
-"""Text benchmark: the paper's Hydra pipeline on all-MiniLM-L6-v2 fine-tuned in full, against the
-fine-tuned base, a 3-model Deep Ensemble of full fine-tunes, MC dropout, a single pruned model and
-post-hoc OOD scores of the base (energy, Mahalanobis, kNN); per OOD set and on their mean.
+"""Pretrained benchmarks: the paper's Hydra pipeline on a model fine-tuned in full (all-MiniLM-L6-v2
+on the text tasks, DINOv2-S/14 on Fashion-MNIST: `--task fashion`, recipes/dinov2_hydra.yaml),
+against the fine-tuned base, a 3-model Deep Ensemble of full fine-tunes, MC dropout, a single pruned
+model, the packed pipeline (fashion) and post-hoc OOD scores of the base (energy, Mahalanobis, kNN);
+per OOD set and on their mean.
 
     python benchmarks/text_table.py --task topics --seed 0 --out runs/text_topics      # one seed
     python benchmarks/text_table.py --task topics --merge 0 1 2                        # the summary
@@ -8,8 +10,8 @@ post-hoc OOD scores of the base (energy, Mahalanobis, kNN); per OOD set and on t
 Run each seed as its own process (one after another per task: the Deep Ensemble of seed s is the
 bases of seeds s, s+1, s+2, cached under --out and shared between seeds). Rows: `main` (Hydra as
 recipes/bert_hydra*.yaml ships, a single pruned model) and `levers` (diversity levers).
-Results: benchmarks/results/text_<task>_seed<s>.json per run (raw, under --out), and
-benchmarks/results/text_<task>.json / .md over seeds.
+Results: benchmarks/results/<stem>_seed<s>.json per run, and benchmarks/results/<stem>.json / .md
+over seeds (stem: text_<task>, or image_fashion).
 """
 
 from __future__ import annotations
@@ -29,7 +31,14 @@ from compressor.run.runner import Runner
 from compressor.uq.metrics import auroc, fpr_at_tpr
 from compressor.uq.posthoc import KNearest, Mahalanobis, energy_score, logits_and_features
 
-RECIPES = {"sentiment": "bert_hydra.yaml", "topics": "bert_hydra_topics.yaml"}
+RECIPES = {"sentiment": "bert_hydra.yaml", "topics": "bert_hydra_topics.yaml", "fashion": "dinov2_hydra.yaml"}
+
+
+def stem(task: str) -> str:
+    """The results files' name for a task."""
+    return "image_fashion" if task == "fashion" else f"text_{task}"
+
+
 COLUMNS = [
     ("acc", "accuracy"), ("NLL", "nll"), ("ECE", "ece"), ("Brier", "brier"), ("AUROC", "auroc_msp"),
     ("FPR95", "fpr95_msp"), ("AUROC(MI)", "auroc_mi"), ("disagree", "disagreement"),
@@ -65,10 +74,12 @@ def rows(task: str) -> dict[str, list[dict]]:
         "hydra, last block re-initialised": variant(reinit_blocks=1),
         "hydra, members tuned 2x longer": variant(steps=300, patience=None),
         "hydra, members distilled from the base": variant(distill={"alpha": 0.5, "temperature": 2.0}),
+        "hydra, packed (every block re-initialised)": variant(reinit_blocks="all"),
     }
 
 
 ROW_SETS = {"main": ["hydra (recipe)", "single pruned model"]}
+MAIN_EXTRA = {"fashion": ["hydra, packed (every block re-initialised)"]}  # the packed pipeline beside it
 
 
 def per_set(folder: Path, model: str) -> dict[str, float]:
@@ -106,9 +117,10 @@ def posthoc_rows(raw: dict, folder: Path, base_row: dict) -> dict[str, dict]:
 
 
 def baseline_rows(raw: dict, seed: int, folder: Path) -> dict[str, dict]:
-    """Base, Deep Ensemble (bases of seeds s, s+1, s+2), MC dropout, and the base's post-hoc scores."""
+    """Base, Deep Ensemble (bases of seeds s, s+1, s+2), MC dropout (text), and the base's post-hoc scores."""
+    mc_dropout = ["mc_dropout"] if raw["data"]["source"] == "text" else []  # DINOv2 has no dropout layers
     summary = run_row(
-        raw, "baselines", [], folder, ["base", "deep_ensemble", "mc_dropout"],
+        raw, "baselines", [], folder, ["base", "deep_ensemble", *mc_dropout],
         resume=True, deep_ensemble_seeds=[seed + 1, seed + 2], mc_dropout_samples=4,
     )  # fmt: skip
     result = {name: {**row, **per_set(folder, name)} for name, row in summary.items()}
@@ -170,13 +182,13 @@ def table(mean: dict, std: dict, sets: list[str]) -> str:
 def merge(task: str, seeds: list[int]) -> None:
     """Mean and std over seeds of every row in text_<task>_seed<s>.json: text_<task>.json and .md."""
     files = {
-        s: sorted(RESULTS.glob(f"text_{task}_seed{s}.json")) + sorted(RESULTS.glob(f"text_{task}_seed{s}_*.json"))
+        s: sorted(RESULTS.glob(f"{stem(task)}_seed{s}.json")) + sorted(RESULTS.glob(f"{stem(task)}_seed{s}_*.json"))
         for s in seeds
     }
     per_seed = []
     for s, paths in files.items():  # one seed's rows, from its main run and any other part
         parts = [json.loads(p.read_text()) for p in paths]
-        main_part = [p for p, path in zip(parts, paths) if path.name == f"text_{task}_seed{s}.json"]
+        main_part = [p for p, path in zip(parts, paths) if path.name == f"{stem(task)}_seed{s}.json"]
         minutes = sum(p["rows"].get("_minutes", {}).get("total", 0.0) for p in main_part)  # the main rows' run
         rows = {k: v for p in parts for k, v in p["rows"].items()} | {"_minutes": {"total": minutes}}
         per_seed.append({"task": task, "seed": s, "rows": rows})
@@ -191,9 +203,9 @@ def merge(task: str, seeds: list[int]) -> None:
         "task": task, "seeds_per_row": {n: [p["seed"] for p in per_seed if n in p["rows"]] for n in names},
         "minutes_per_seed": minutes, "mean": mean, "std": std, "per_seed": per_seed,
     }  # fmt: skip
-    (RESULTS / f"text_{task}.json").write_text(json.dumps(payload, indent=1))
+    (RESULTS / f"{stem(task)}.json").write_text(json.dumps(payload, indent=1))
     md = table(mean, std, sets)
-    (RESULTS / f"text_{task}.md").write_text(md)
+    (RESULTS / f"{stem(task)}.md").write_text(md)
     for path in (p for paths in files.values() for p in paths):
         path.unlink()
     print(md)
@@ -214,13 +226,15 @@ def main() -> None:
         return
     every = list(rows(args.task))
     levers = [n for n in every if n not in ROW_SETS["main"]]
-    wanted = {"main": ROW_SETS["main"], "levers": levers, "all": every}.get(args.rows) or args.rows.split(";")
-    out = Path(args.out or f"runs/text_{args.task}")
+    main_rows = ROW_SETS["main"] + MAIN_EXTRA.get(args.task, [])
+    levers = [n for n in levers if n not in main_rows]
+    wanted = {"main": main_rows, "levers": levers, "all": every}.get(args.rows) or args.rows.split(";")
+    out = Path(args.out or f"runs/{stem(args.task)}")
     result = run_seed(args.task, args.seed, wanted, out, args.quick, baselines=not args.no_baselines)
     RESULTS.mkdir(parents=True, exist_ok=True)
     payload = {"task": args.task, "seed": args.seed, "rows": result}
     part = "" if args.rows == "main" else "_" + "".join(c if c.isalnum() else "_" for c in args.rows)[:40]
-    (RESULTS / f"text_{args.task}_seed{args.seed}{part}.json").write_text(json.dumps(payload, indent=1))
+    (RESULTS / f"{stem(args.task)}_seed{args.seed}{part}.json").write_text(json.dumps(payload, indent=1))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ def test_every_uq_table_row_validates_as_a_recipe():
         validate_recipe(raw, where=f"uq_table:{name}")
 
 
-@pytest.mark.parametrize("task", ["sentiment", "topics"])
+@pytest.mark.parametrize("task", ["sentiment", "topics", "fashion"])
 def test_every_text_table_row_validates_as_a_recipe(task, monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     text_table = _load("text_table")
