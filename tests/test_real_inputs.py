@@ -108,3 +108,26 @@ def test_default_recipe_runs_on_the_cpu_in_bf16(tmp_path):
         row = metrics["summary"][model]
         assert 0.0 <= row["coverage_lac"] <= 1.0 and 0.0 <= row["set_size_lac"] <= 8.0
         assert 0.0 <= row["coverage_aps"] <= 1.0 and 1.0 <= row["set_size_aps"] <= 8.0
+
+
+def _validate_folder(tmp_path, capsys) -> tuple[int, str]:
+    recipe = {**RECIPE, "data": {"source": "image_folder", "root": str(tmp_path / "images")}}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
+    code = main(["validate", str(tmp_path / "r.yaml")])
+    captured = capsys.readouterr()
+    return code, (captured.err.strip().splitlines() or [""])[-1]
+
+
+def test_symlink_loops_and_links_out_of_the_folder_are_refused_by_validate(tmp_path, capsys):
+    _image_folder(tmp_path / "images")
+    assert _validate_folder(tmp_path, capsys)[0] == 0
+    loop = tmp_path / "images" / "train" / "vertical" / "loop"
+    loop.symlink_to(loop.parent, target_is_directory=True)  # torchvision follows it level after level
+    code, err = _validate_folder(tmp_path, capsys)
+    assert code == 2 and "are the same file" in err and "link loop" in err, err
+    loop.unlink()
+    outside = tmp_path / "elsewhere.png"
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(outside)
+    (tmp_path / "images" / "val" / "vertical" / "x.png").symlink_to(outside)
+    code, err = _validate_folder(tmp_path, capsys)
+    assert code == 2 and "outside" in err and "elsewhere.png" in err, err

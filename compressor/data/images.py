@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import ConcatDataset, Subset
 
+from compressor.core.errors import InputError
 from compressor.data.bundle import DataBundle, Unlabelled, split_indices
 from compressor.data.outliers import shuffle_patches, synthetic_outliers
 
@@ -60,6 +61,24 @@ def image_transforms(
     return tf_eval, T.Compose([resize, crop, T.RandomHorizontalFlip(), T.ToTensor(), normalize]), cfg
 
 
+def check_files_once(root: Path, paths: Sequence[str]) -> None:
+    """Every image of the splits is a distinct file inside `root`: a symbolic link that leaves the
+    folder, or one that brings a file in twice (a link loop repeats a file once per level), is a
+    one-line InputError before any work."""
+    top = root.resolve()
+    seen: dict[Path, str] = {}
+    for path in paths:
+        real = Path(path).resolve()
+        if top not in real.parents:
+            raise InputError(f"data.root: {path} is a link to {real}, outside {root}; expected files inside it")
+        if real in seen:
+            raise InputError(
+                f"data.root: {path} and {seen[real]} are the same file ({real}); a link loop or a duplicate "
+                "would put it in the splits twice"
+            )
+        seen[real] = path
+
+
 def image_folder_bundle(
     root: str,
     model: torch.nn.Module,
@@ -83,6 +102,7 @@ def image_folder_bundle(
     root_p = Path(root)
     train = ImageFolder(str(root_p / "train"), transform=tf_train)
     test = ImageFolder(str(root_p / "val"), transform=tf_eval)
+    check_files_once(root_p, [path for path, _ in train.samples + test.samples])
     origin = "data.crop_pct" if (overrides or {}).get("crop_pct") is not None else "the pretrained config"
     notes = [note] if (note := resize_note(test.samples[0][0], cfg, origin)) else []
     val_idx, tr_idx = split_indices(len(train), (val_fraction, 1 - val_fraction), seed)
