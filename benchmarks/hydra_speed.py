@@ -169,7 +169,7 @@ def main() -> None:
     p.add_argument(
         "--chunk-mib", type=float, default=None, help="inference_chunk_bytes in MiB for every model (0: no chunking)"
     )
-    p.add_argument("--tag", default="", help="results file suffix: benchmarks/results/hydra_speed_<device>[_tag].json")
+    p.add_argument("--tag", default="", help="entry <device>[_tag] of benchmarks/results/hydra_speed.json")
     p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = p.parse_args()
     chunk = INFERENCE_CHUNK_BYTES if args.chunk_mib is None else int(args.chunk_mib * 2**20)
@@ -215,9 +215,12 @@ def main() -> None:
                     )
     RESULTS.mkdir(parents=True, exist_ok=True)
     meta = {"torch": torch.__version__, "device": where, "repeats": args.repeats, "chunk_bytes": chunk}
-    out = RESULTS / f"hydra_speed_{device.type}{'_' + args.tag if args.tag else ''}.json"
-    out.write_text(json.dumps({**meta, "rows": rows}, indent=1))
-    print(f"\nwritten: {out}")
+    out = RESULTS / "hydra_speed.json"  # one file, one entry per configuration
+    key = f"{device.type}{'_' + args.tag if args.tag else ''}"
+    runs = json.loads(out.read_text()) if out.is_file() else {}
+    runs[key] = {**meta, "rows": rows}
+    out.write_text(json.dumps(runs, indent=1))
+    print(f"\nwritten: {out} [{key}]")
 
 
 if __name__ == "__main__":

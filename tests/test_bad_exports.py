@@ -5,11 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from compressor.core.errors import ExportError, WeightsError
+from compressor.core.errors import ExportError
 from compressor.core.masks import HeadMask
 from compressor.core.weights import save_weights
 from compressor.data import digits_bundle
 from compressor.deploy.export import export_model, load_export
+from compressor.deploy.manifest import MANIFEST, write_manifest
 from compressor.run.cli import main
 from mergers.hydra import build_hydra
 
@@ -27,10 +28,14 @@ def hydra_export(tmp_path):
     return folder
 
 
-def _edit_config(folder: Path, change) -> None:
+def _edit_config(folder: Path, change, rehash: bool = True) -> None:
+    """Edit config.json; `rehash` also rewrites the manifest (an editor who knows it), so that the
+    checks behind the manifest are what a test meets."""
     cfg = json.loads((folder / "config.json").read_text())
     change(cfg)
     (folder / "config.json").write_text(json.dumps(cfg))
+    if rehash:
+        write_manifest(folder)
 
 
 EXPORT_CASES = [
@@ -77,13 +82,16 @@ def test_changed_weights_and_masks_are_detected(hydra_export):
     state = load_export(hydra_export).model.state_dict()
     state["heads.0.head.bias"] = state["heads.0.head.bias"] + 1
     save_weights(state, weights)
-    with pytest.raises(WeightsError, match="content differs from config.json's weights_sha256"):
+    with pytest.raises(ExportError, match="model.safetensors: sha256 differs from manifest.json"):
         load_export(hydra_export)
-    _edit_config(hydra_export, lambda c: c.pop("weights_sha256"))
-    load_export(hydra_export)  # without the hash, an ordinary weight change loads
+    write_manifest(hydra_export)
+    load_export(hydra_export)  # re-hashed, an ordinary weight change loads
     masks = json.loads((hydra_export / "masks.json").read_text())
     masks["members"][0]["kept"][0] = [2, 3]
     (hydra_export / "masks.json").write_text(json.dumps(masks))
+    with pytest.raises(ExportError, match="masks.json: sha256 differs from manifest.json"):
+        load_export(hydra_export)
+    write_manifest(hydra_export)
     with pytest.raises(ExportError, match="masks.json: differs from the masks config.json records"):
         load_export(hydra_export)
 
@@ -97,10 +105,9 @@ def test_weights_outside_the_specs_heads_are_refused(tmp_path):
     def fewer(c):
         c["hydra_spec"]["heads"][0] = [3, 0]  # member 1 keeps a head its weights still hold
         c.pop("masks")
-        c.pop("weights_sha256")
 
-    _edit_config(tmp_path / "e", fewer)
     (tmp_path / "e" / "masks.json").unlink(missing_ok=True)
+    _edit_config(tmp_path / "e", fewer)
     with pytest.raises(ExportError, match="non-zero padding"):
         load_export(tmp_path / "e")
 
@@ -117,3 +124,21 @@ def test_an_ensemble_ood_score_on_a_single_model_export_is_refused(tmp_path):
     _edit_config(tmp_path / "e", lambda c: c["calibration"]["ood"].__setitem__("score", "mi"))
     with pytest.raises(ExportError, match=r"calibration.ood.score: 'mi' needs an ensemble; one member"):
         load_export(tmp_path / "e")
+
+
+def test_an_edit_without_the_manifest_or_a_missing_manifest_is_refused(hydra_export):
+    _edit_config(hydra_export, lambda c: c.__setitem__("class_names", ["x"] * 8), rehash=False)
+    with pytest.raises(ExportError, match=r"config.json: sha256 differs from manifest.json \(edited or damaged\)"):
+        load_export(hydra_export)
+    write_manifest(hydra_export)
+    load_export(hydra_export)
+    (hydra_export / MANIFEST).unlink()
+    with pytest.raises(ExportError, match="manifest.json: missing; expected an export written by this version"):
+        load_export(hydra_export)
+    (hydra_export / MANIFEST).write_text('{"format": "compressor.manifest/1", "files": {"config.json": 3}}')
+    with pytest.raises(ExportError, match="manifest.json: files: expected"):
+        load_export(hydra_export)
+    write_manifest(hydra_export)
+    (hydra_export / "model.safetensors").unlink()
+    with pytest.raises(ExportError, match="model.safetensors: missing; manifest.json lists it"):
+        load_export(hydra_export)

@@ -150,6 +150,7 @@ def test_a_tampered_coverage_is_refused_on_load(tmp_path):
     from compressor.core.errors import ExportError
     from compressor.core.masks import HeadMask
     from compressor.deploy.export import export_model
+    from compressor.deploy.manifest import write_manifest
     from compressor.uq.calibration import Calibrated
     from mergers.hydra import build_hydra
 
@@ -163,5 +164,8 @@ def test_a_tampered_coverage_is_refused_on_load(tmp_path):
     cfg = json.loads(cfg_path.read_text())
     cfg["calibration"]["conformal"]["coverage"] = 1.5
     cfg_path.write_text(json.dumps(cfg))
+    with pytest.raises(ExportError, match=r"config.json: sha256 differs from manifest.json"):
+        compressor.load(tmp_path / "exp")
+    write_manifest(tmp_path / "exp")  # re-hashed by whoever edited it: the value is still checked
     with pytest.raises(ExportError, match=r"calibration\.conformal: .*a coverage in \(0, 1\)"):
         compressor.load(tmp_path / "exp")

@@ -14,6 +14,7 @@ import compressor
 from compressor.core.masks import HeadMask
 from compressor.core.weights import WeightsError
 from compressor.deploy.export import ExportError, export_model
+from compressor.deploy.manifest import write_manifest
 from mergers.hydra import build_hydra
 from mergers.plain import prune_physically
 
@@ -53,15 +54,20 @@ def test_corrupt_or_mismatched_weights(tmp_path):
     weights = tmp_path / "exp" / "model.safetensors"
     data = weights.read_bytes()
     weights.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ExportError, match="model.safetensors: sha256 differs from manifest.json"):
+        compressor.load(tmp_path / "exp")
+    write_manifest(tmp_path / "exp")  # re-hashed: the file itself is still checked
     with pytest.raises(WeightsError, match="model.safetensors: not a valid safetensors file"):
         compressor.load(tmp_path / "exp")
     weights.write_bytes(b"\x80\x04\x95 pickled code is never unpickled")
+    write_manifest(tmp_path / "exp")
     with pytest.raises(WeightsError, match="not a valid safetensors file"):
         compressor.load(tmp_path / "exp")
     export_model(pruned, tmp_path / "exp")
     cfg = json.loads((tmp_path / "exp" / "config.json").read_text())
     cfg["heads"] = [4, 4]
     (tmp_path / "exp" / "config.json").write_text(json.dumps(cfg))
+    write_manifest(tmp_path / "exp")
     with pytest.raises(WeightsError, match="weights do not fit config.json"):
         compressor.load(tmp_path / "exp")
     with pytest.raises(ExportError, match="no such export folder"):

@@ -10,7 +10,6 @@ its merger by registered name only (never an import path).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import platform
@@ -27,6 +26,7 @@ from compressor.core.masks import HeadMask, save_masks
 from compressor.core.registry import names, resolve
 from compressor.core.schema import Field, validate_mapping
 from compressor.core.weights import load_weights, save_weights
+from compressor.deploy.manifest import sha256, verify_manifest, write_manifest
 from compressor.uq.calibration import TEMPERATURE_SCOPES, Calibrated
 from compressor.uq.conformal import CONFORMAL_METHODS
 from compressor.uq.scores import ENSEMBLE_SCORES, OOD_SCORES
@@ -94,6 +94,7 @@ def export_model(
             from compressor.deploy.onnx_export import export_onnx
 
             export_onnx(model, onnx_input, tmp / "model.onnx")
+        write_manifest(tmp)  # last: every file above, with its sha256
     return out_dir
 
 
@@ -129,14 +130,6 @@ def _portable(preprocessing: dict | None) -> dict | None:
     if not preprocessing:
         return None
     return {**preprocessing, "tokenizer": "tokenizer"} if preprocessing.get("kind") == "text" else dict(preprocessing)
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _positive_list(v: list) -> str | None:
@@ -214,6 +207,7 @@ def load_export(path: str | Path, map_location: str = "cpu") -> Calibrated:
     if not path.is_dir():
         raise ExportError(f"{path}: no such export folder")
     cfg_path = path / "config.json"
+    verify_manifest(path, ["config.json", "model.safetensors"], ["masks.json", "tokenizer"])
     cfg = _check_config(_read_config(path), cfg_path)
     if cfg.get("masks") is not None and (path / "masks.json").is_file():
         from compressor.core.masks import load_masks
@@ -233,11 +227,6 @@ def load_export(path: str | Path, map_location: str = "cpu") -> Calibrated:
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ExportError(f"{cfg_path}: does not describe a {kind} model ({type(e).__name__}: {e})") from e
     state = load_weights(path / "model.safetensors", device=map_location)
-    expected = cfg.get("weights_sha256")
-    if expected and sha256(path / "model.safetensors") != expected:
-        raise WeightsError(
-            f"{path / 'model.safetensors'}: content differs from config.json's weights_sha256 (modified?)"
-        )
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
