@@ -142,3 +142,25 @@ def test_an_edit_without_the_manifest_or_a_missing_manifest_is_refused(hydra_exp
     (hydra_export / "model.safetensors").unlink()
     with pytest.raises(ExportError, match="model.safetensors: missing; manifest.json lists it"):
         load_export(hydra_export)
+
+
+def test_sizes_in_the_config_are_checked_against_the_weights_before_allocation(hydra_export):
+    """A spec widened to 60,000 channels (about 40 GB of parameters) is refused from the weights'
+    header, in a process whose memory stays far below what building it would take."""
+    import subprocess
+    import sys
+
+    _edit_config(hydra_export, lambda c: c["hydra_spec"].__setitem__("dim", 60000))
+    script = (
+        "import resource, sys\n"
+        "from compressor.deploy.export import load_export\n"
+        "try:\n"
+        f"    load_export({str(hydra_export)!r})\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__, str(e)[:300])\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300).stdout
+    message, peak_gib = out.strip().splitlines()[-2], float(out.strip().splitlines()[-1])
+    assert message.startswith("WeightsError") and "expected [60000] found [48]" in message, out
+    assert peak_gib < 2.0, peak_gib

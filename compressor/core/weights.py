@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -62,6 +64,27 @@ def check_fits(path: str | Path, model: torch.nn.Module, show: int = 5) -> None:
     ]
     if parts:
         raise WeightsError(f"{path}: weights do not fit the model ({'; '.join(parts)})")
+
+
+@contextlib.contextmanager
+def empty_parameters() -> Iterator[None]:
+    """Modules built inside get their parameters on the meta device (as accelerate's
+    init_empty_weights): a model's shapes without its memory, so that sizes read from a file can be
+    checked against the weights before anything that large is allocated. Not thread-safe: it swaps
+    `nn.Module.register_parameter` while it is open."""
+    original = torch.nn.Module.register_parameter
+
+    def register(module: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
+        original(module, name, param)
+        if param is not None:
+            kept = module._parameters[name]
+            module._parameters[name] = torch.nn.Parameter(kept.to("meta"), requires_grad=kept.requires_grad)
+
+    torch.nn.Module.register_parameter = register
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = original
 
 
 def load_weights(path: str | Path, device: str = "cpu") -> dict[str, torch.Tensor]:

@@ -25,7 +25,7 @@ from compressor.core.io import atomic_dir, json_text
 from compressor.core.masks import HeadMask, save_masks
 from compressor.core.registry import names, resolve
 from compressor.core.schema import Field, validate_mapping
-from compressor.core.weights import load_weights, save_weights
+from compressor.core.weights import check_fits, empty_parameters, load_weights, save_weights
 from compressor.deploy.manifest import sha256, verify_manifest, write_manifest
 from compressor.uq.calibration import TEMPERATURE_SCOPES, Calibrated
 from compressor.uq.conformal import CONFORMAL_METHODS
@@ -219,13 +219,16 @@ def load_export(path: str | Path, map_location: str = "cpu") -> Calibrated:
     if not isinstance(kind, str) or ":" in kind:
         raise ExportError(f"{cfg_path}: kind: expected a registered merger name, got {kind!r}")
     try:
-        model = resolve("merger", kind).rebuild(cfg)
+        with empty_parameters():  # shapes first: nothing the config sizes is allocated before it fits
+            skeleton = resolve("merger", kind).rebuild(cfg)
     except PluginError as e:
         raise ExportError(f"{cfg_path}: kind: {e}") from e
     except ExportError as e:
         raise ExportError(f"{cfg_path}: {e}") from e
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ExportError(f"{cfg_path}: does not describe a {kind} model ({type(e).__name__}: {e})") from e
+    check_fits(path / "model.safetensors", skeleton)
+    model = resolve("merger", kind).rebuild(cfg)
     state = load_weights(path / "model.safetensors", device=map_location)
     try:
         model.load_state_dict(state, strict=True)

@@ -102,7 +102,7 @@ class HydraSpec:
         is_int = lambda v, lo=1, hi=1 << 20: isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi  # noqa: E731
         need(isinstance(self.family, str) and isinstance(self.arch, dict), "family", "a family name and its arch")
         need(is_int(self.members, 1, 64), "members", "an integer in 1..64")
-        need(is_int(self.dim) and is_int(self.head_dim), "dim", "positive integers (dim, head_dim)")
+        need(is_int(self.dim, 1, 1 << 16) and is_int(self.head_dim, 1, 4096), "dim", "dim <= 65536, head_dim <= 4096")
         m = self.members
         need(
             isinstance(self.heads, list)
