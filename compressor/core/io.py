@@ -2,10 +2,12 @@
 
 Files and folders are written under a temporary name beside their target and renamed into place;
 they end up with the permissions the user's umask gives (not the 0600/0700 of temporary files).
+Also the one file hash (`file_sha256`) exports, manifests and downloaded-weight checks use.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -15,6 +17,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 TMP_SUFFIX = ".tmp"
+
+
+def file_sha256(path: Path) -> str:
+    """Hex SHA-256 of a file, read 1 MiB at a time (weights files may be large)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _umask() -> int:

@@ -12,6 +12,15 @@ from compressor.core.errors import InputError
 DATASETS = Path(__file__).parents[1] / "datasets"
 
 
+def record_in_manifest(path: Path) -> str:
+    """Write `path`'s sha256 into the MANIFEST.json beside it (what a dataset builder does last); the hash."""
+    manifest_path = path.parent / "MANIFEST.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    manifest[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    manifest_path.write_text(json.dumps(dict(sorted(manifest.items())), indent=1) + "\n")
+    return manifest[path.name]
+
+
 def verified_bytes(name: str, where: str, datasets: Path | None = None) -> bytes:
     """The bytes of committed file `name`, checked against MANIFEST.json (`where` names the recipe key)."""
     datasets = datasets or DATASETS

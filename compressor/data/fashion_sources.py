@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import hashlib
 import io
-import json
 from pathlib import Path
 
 import numpy as np
+
+from compressor.data.committed import record_in_manifest
 
 OUT = Path(__file__).resolve().parents[1] / "datasets" / "fashion_mnist.npz"
 PER_CLASS = {"train": 300, "test": 100}
@@ -56,11 +56,7 @@ def main() -> None:
     args = p.parse_args()
     blob = build(args.source)
     OUT.write_bytes(blob)
-    manifest_path = OUT.parent / "MANIFEST.json"
-    manifest = json.loads(manifest_path.read_text())
-    manifest[OUT.name] = hashlib.sha256(blob).hexdigest()
-    manifest_path.write_text(json.dumps(dict(sorted(manifest.items())), indent=1) + "\n")
-    print(f"{OUT}: {len(blob) / 2**20:.2f} MiB, sha256 {manifest[OUT.name]}")
+    print(f"{OUT}: {len(blob) / 2**20:.2f} MiB, sha256 {record_in_manifest(OUT)}")
 
 
 if __name__ == "__main__":

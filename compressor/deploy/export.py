@@ -21,12 +21,12 @@ import torch
 from torch import nn
 
 from compressor.core.errors import ExportError, PluginError, WeightsError
-from compressor.core.io import atomic_dir, json_text
+from compressor.core.io import atomic_dir, file_sha256, json_text
 from compressor.core.masks import HeadMask, save_masks
 from compressor.core.registry import names, resolve
 from compressor.core.schema import Field, validate_mapping
 from compressor.core.weights import check_fits, empty_parameters, load_weights, save_weights
-from compressor.deploy.manifest import sha256, verify_manifest, write_manifest
+from compressor.deploy.manifest import verify_manifest, write_manifest
 from compressor.uq.calibration import TEMPERATURE_SCOPES, Calibrated
 from compressor.uq.conformal import CONFORMAL_METHODS
 from compressor.uq.scores import ENSEMBLE_SCORES, OOD_SCORES
@@ -84,7 +84,7 @@ def export_model(
     }
     with atomic_dir(out_dir) as tmp:
         save_weights(model.state_dict(), tmp / "model.safetensors", metadata={"format": FORMAT})
-        config["weights_sha256"] = sha256(tmp / "model.safetensors")
+        config["weights_sha256"] = file_sha256(tmp / "model.safetensors")
         (tmp / "config.json").write_text(json_text(config))
         if masks:
             save_masks(tmp / "masks.json", masks)
@@ -219,8 +219,9 @@ def load_export(path: str | Path, map_location: str = "cpu") -> Calibrated:
     if not isinstance(kind, str) or ":" in kind:
         raise ExportError(f"{cfg_path}: kind: expected a registered merger name, got {kind!r}")
     try:
+        merger = resolve("merger", kind)
         with empty_parameters():  # shapes first: nothing the config sizes is allocated before it fits
-            skeleton = resolve("merger", kind).rebuild(cfg)
+            skeleton = merger.rebuild(cfg)
     except PluginError as e:
         raise ExportError(f"{cfg_path}: kind: {e}") from e
     except ExportError as e:
@@ -228,14 +229,14 @@ def load_export(path: str | Path, map_location: str = "cpu") -> Calibrated:
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ExportError(f"{cfg_path}: does not describe a {kind} model ({type(e).__name__}: {e})") from e
     check_fits(path / "model.safetensors", skeleton)
-    model = resolve("merger", kind).rebuild(cfg)
+    model = merger.rebuild(cfg)
     state = load_weights(path / "model.safetensors", device=map_location)
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
         raise WeightsError(f"{path / 'model.safetensors'}: weights do not fit config.json ({e})") from e
     try:
-        resolve("merger", kind).verify(model)
+        merger.verify(model)
     except ExportError as e:
         raise ExportError(f"{path / 'model.safetensors'}: {e}") from e
     calibration = cfg.get("calibration") or {}

@@ -9,29 +9,20 @@ folder can also rewrite it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 from compressor.core.errors import ExportError
-from compressor.core.io import json_text
+from compressor.core.io import file_sha256, json_text
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "compressor.manifest/1"
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def write_manifest(folder: Path) -> None:
     """Hash every file under `folder` (but the manifest itself) into `folder/manifest.json`."""
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
-    entries = {p.relative_to(folder).as_posix(): sha256(p) for p in files}
+    entries = {p.relative_to(folder).as_posix(): file_sha256(p) for p in files}
     (folder / MANIFEST).write_text(json_text({"format": MANIFEST_FORMAT, "files": entries}))
 
 
@@ -59,5 +50,5 @@ def verify_manifest(folder: Path, required: list[str], optional: list[str] = ())
                 raise ExportError(f"{file}: not in {MANIFEST}; expected every file the export reads to be listed")
             if not file.is_file():
                 raise ExportError(f"{file}: missing; {MANIFEST} lists it")
-            if sha256(file) != files[listed]:
+            if file_sha256(file) != files[listed]:
                 raise ExportError(f"{file}: sha256 differs from {MANIFEST} (edited or damaged)")

