@@ -61,3 +61,16 @@ def test_an_evaluate_step_with_nothing_to_evaluate_is_refused():
     raw = {"name": "t", "model": MODEL, "steps": [{"evaluate": {"baselines": []}}]}
     with pytest.raises(RecipeError, match="'evaluate' has nothing to evaluate"):
         validate_recipe(raw, "r.yaml")
+
+
+def test_the_resize_to_the_models_input_is_said_in_one_line():
+    from compressor.data import load_bundle
+    from compressor.run.recipe import DATA_SCHEMA
+
+    cfg = {k: f.default for k, f in DATA_SCHEMA.items()} | {"source": "fashion_mnist"}
+    model = timm.create_model("vit_tiny_patch16_224", img_size=32, num_classes=3, depth=1).eval()
+    data = load_bundle(cfg, "vit_tiny_patch16_224", model)
+    assert data.notes == [
+        "data: images are 28x28 px (Fashion-MNIST); evaluation resizes them to 32 px (bicubic); "
+        "set data.img_size / data.crop_pct to change it"
+    ]

@@ -133,13 +133,18 @@ def resize_note(path: str, cfg: dict, crop_origin: str) -> str | None:
     from PIL import Image
 
     with Image.open(path) as img:
-        width, height = img.size
+        return size_note(img.size, cfg, crop_origin, f"e.g. {path}")
+
+
+def size_note(size: tuple[int, int], cfg: dict, crop_origin: str, example: str) -> str | None:
+    """One line when the eval transform `cfg` resizes or crops images of `size` (width, height)."""
+    width, height = size
     side, crop = int(cfg["input_size"][-1]), float(cfg.get("crop_pct") or 1.0)
     if (width, height) == (side, side) and crop >= 1.0:
         return None
     resized = int(side / crop) if crop < 1.0 else side
     cropping = f" and centre-crops {side} px (crop_pct {crop:g} from {crop_origin})" if crop < 1.0 else ""
     return (
-        f"data: images are {width}x{height} px (e.g. {path}); evaluation resizes them to {resized} px "
+        f"data: images are {width}x{height} px ({example}); evaluation resizes them to {resized} px "
         f"({cfg['interpolation']}){cropping}; set data.img_size / data.crop_pct to change it"
     )
