@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from compressor.core.errors import ExportError
+from compressor.core.io import file_sha256
 from compressor.core.masks import HeadMask
 from compressor.core.weights import save_weights
 from compressor.data import digits_bundle
@@ -85,7 +86,10 @@ def test_changed_weights_and_masks_are_detected(hydra_export):
     with pytest.raises(ExportError, match="model.safetensors: sha256 differs from manifest.json"):
         load_export(hydra_export)
     write_manifest(hydra_export)
-    load_export(hydra_export)  # re-hashed, an ordinary weight change loads
+    with pytest.raises(ExportError, match="config.json: weights_sha256: differs from manifest.json"):
+        load_export(hydra_export)  # the manifest alone re-hashed: config.json still names the old weights
+    _edit_config(hydra_export, lambda c: c.__setitem__("weights_sha256", file_sha256(weights)))
+    load_export(hydra_export)  # both re-hashed: an ordinary weight change loads
     masks = json.loads((hydra_export / "masks.json").read_text())
     masks["members"][0]["kept"][0] = [2, 3]
     (hydra_export / "masks.json").write_text(json.dumps(masks))

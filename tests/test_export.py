@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import compressor
+from compressor.core.io import file_sha256
 from compressor.core.masks import HeadMask
 from compressor.core.weights import WeightsError
 from compressor.deploy.export import ExportError, export_model
@@ -48,6 +49,14 @@ def test_plain_round_trip(tmp_path):
     assert [b.attn.num_heads for b in loaded.model.blocks] == [2, 1]
 
 
+def _rehash(folder):
+    """What an editor who knows the format does: config.json's weights hash and the manifest rewritten."""
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["weights_sha256"] = file_sha256(folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps(cfg))
+    write_manifest(folder)
+
+
 def test_corrupt_or_mismatched_weights(tmp_path):
     pruned = prune_physically(make_vit(), MASKS[0])
     export_model(pruned, tmp_path / "exp")
@@ -56,11 +65,11 @@ def test_corrupt_or_mismatched_weights(tmp_path):
     weights.write_bytes(data[: len(data) // 2])
     with pytest.raises(ExportError, match="model.safetensors: sha256 differs from manifest.json"):
         compressor.load(tmp_path / "exp")
-    write_manifest(tmp_path / "exp")  # re-hashed: the file itself is still checked
+    _rehash(tmp_path / "exp")  # config and manifest re-hashed: the file itself is still checked
     with pytest.raises(WeightsError, match="model.safetensors: not a valid safetensors file"):
         compressor.load(tmp_path / "exp")
     weights.write_bytes(b"\x80\x04\x95 pickled code is never unpickled")
-    write_manifest(tmp_path / "exp")
+    _rehash(tmp_path / "exp")
     with pytest.raises(WeightsError, match="not a valid safetensors file"):
         compressor.load(tmp_path / "exp")
     export_model(pruned, tmp_path / "exp")

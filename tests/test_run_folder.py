@@ -7,6 +7,7 @@ import time
 import pytest
 import yaml
 
+from compressor.core.folders import write_marker
 from compressor.run.cli import main
 from compressor.run.runfolder import RunFolder
 
@@ -33,6 +34,11 @@ def test_earlier_outputs_are_refused_unless_overwritten(tmp_path):
     with pytest.raises(Exception, match="holds an earlier run's outputs \\(report.md\\); pass --overwrite"):
         with RunFolder(folder):
             pass
+    with pytest.raises(Exception, match="holds report.md but no .compressor-run marker"):
+        with RunFolder(folder, overwrite=True):  # not marked as a run folder: a user's files, never cleaned
+            pass
+    assert (folder / "report.md").read_text() == "old"
+    write_marker(folder, "run")
     with RunFolder(folder, overwrite=True) as rf:
         assert not (folder / "report.md").exists() and not (folder / ".masks.json.abc.tmp").exists()
         assert (folder / "RUNNING").exists() and (folder / "mine.txt").read_text() == "a user's file"

@@ -21,23 +21,24 @@ from compressor.core.errors import InputError
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def resolve_device(name: str = "auto") -> torch.device:
-    """'auto' | 'cpu' | 'cuda' | 'cuda:N' -> a torch.device that exists on this machine."""
+def resolve_device(name: str = "auto", key: str = "device") -> torch.device:
+    """'auto' | 'cpu' | 'cuda' | 'cuda:N' -> a torch.device that exists on this machine; errors
+    name `key` (the recipe key or command-line flag)."""
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
         return torch.device("cpu")
     try:
         device = torch.device(name)
-    except RuntimeError as e:
-        raise InputError(f"device: expected auto, cpu, cuda or cuda:N, got '{name}'") from e
+    except (RuntimeError, TypeError) as e:
+        raise InputError(f"{key}: expected auto, cpu, cuda or cuda:N, got '{name}'") from e
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise InputError(f"device: '{name}' asked for, but no CUDA device is available (use cpu or auto)")
+            raise InputError(f"{key}: '{name}' asked for, but no CUDA device is available (use cpu or auto)")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise InputError(f"device: '{name}' asked for, but only {torch.cuda.device_count()} CUDA devices exist")
+            raise InputError(f"{key}: '{name}' asked for, but only {torch.cuda.device_count()} CUDA devices exist")
     elif device.type != "cpu":
-        raise InputError(f"device: expected auto, cpu, cuda or cuda:N, got '{name}'")
+        raise InputError(f"{key}: expected auto, cpu, cuda or cuda:N, got '{name}'")
     return device
 
 

@@ -61,6 +61,28 @@ def image_transforms(
     return tf_eval, T.Compose([resize, crop, T.RandomHorizontalFlip(), T.ToTensor(), normalize]), cfg
 
 
+MAX_PIXELS = 1 << 26  # 67M pixels (8192 x 8192): a larger image is refused from its header, before decoding
+
+
+def open_image(path: str | Path, mode: str = "RGB", size_only: bool = False):  # noqa: ANN201 - PIL, lazily
+    """The image at `path` decoded in `mode` (or only its (width, height) read from the header); a
+    one-line InputError naming the file when it is not a readable image or has more than MAX_PIXELS
+    pixels (a decompression bomb never gets decoded)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            if im.width * im.height > MAX_PIXELS:
+                raise InputError(
+                    f"{path}: {im.width}x{im.height} px, too large; expected at most {MAX_PIXELS:,} pixels"
+                )
+            return im.size if size_only else im.convert(mode)
+    except Image.DecompressionBombError as e:
+        raise InputError(f"{path}: too large to decode; expected at most {MAX_PIXELS:,} pixels") from e
+    except (OSError, ValueError, SyntaxError, EOFError) as e:
+        raise InputError(f"{path}: not a readable image ({' '.join(str(e).split()) or type(e).__name__})") from e
+
+
 def check_files_once(root: Path, paths: Sequence[str]) -> None:
     """Every image of the splits is a distinct file inside `root`: a symbolic link that leaves the
     folder, or one that brings a file in twice (a link loop repeats a file once per level), is a
@@ -100,17 +122,19 @@ def image_folder_bundle(
 
     tf_eval, tf_train, cfg = image_transforms(model, overrides, augment, pretrained)
     root_p = Path(root)
-    train = ImageFolder(str(root_p / "train"), transform=tf_train)
-    test = ImageFolder(str(root_p / "val"), transform=tf_eval)
+    train = ImageFolder(str(root_p / "train"), transform=tf_train, loader=open_image)
+    test = ImageFolder(str(root_p / "val"), transform=tf_eval, loader=open_image)
     check_files_once(root_p, [path for path, _ in train.samples + test.samples])
     origin = "data.crop_pct" if (overrides or {}).get("crop_pct") is not None else "the pretrained config"
     notes = [note] if (note := resize_note(test.samples[0][0], cfg, origin)) else []
     val_idx, tr_idx = split_indices(len(train), (val_fraction, 1 - val_fraction), seed)
-    val_full = ImageFolder(str(root_p / "train"), transform=tf_eval)
-    ood = {Path(r).name: Unlabelled(ImageFolder(r, transform=tf_eval)) for r in ood_roots}
+    val_full = ImageFolder(str(root_p / "train"), transform=tf_eval, loader=open_image)
+    ood = {Path(r).name: Unlabelled(ImageFolder(r, transform=tf_eval, loader=open_image)) for r in ood_roots}
     val = Subset(val_full, val_idx.tolist())
     if ood_val_roots:
-        ood_val = ConcatDataset([Unlabelled(ImageFolder(r, transform=tf_eval)) for r in ood_val_roots])
+        ood_val = ConcatDataset(
+            [Unlabelled(ImageFolder(r, transform=tf_eval, loader=open_image)) for r in ood_val_roots]
+        )
     else:
         ood_val = synthetic_outliers(torch.stack([val[i][0] for i in range(len(val))]), shuffle_patches, seed)
     return DataBundle(
@@ -130,10 +154,7 @@ def image_folder_bundle(
 
 def resize_note(path: str, cfg: dict, crop_origin: str) -> str | None:
     """One line when the eval transform resizes or crops `path`'s image away from its native size."""
-    from PIL import Image
-
-    with Image.open(path) as img:
-        return size_note(img.size, cfg, crop_origin, f"e.g. {path}")
+    return size_note(open_image(path, size_only=True), cfg, crop_origin, f"e.g. {path}")
 
 
 def size_note(size: tuple[int, int], cfg: dict, crop_origin: str, example: str) -> str | None:

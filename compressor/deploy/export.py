@@ -21,12 +21,14 @@ import torch
 from torch import nn
 
 from compressor.core.errors import ExportError, PluginError, WeightsError
+from compressor.core.folders import is_marked, marked_above, write_marker
 from compressor.core.io import atomic_dir, file_sha256, json_text
 from compressor.core.masks import HeadMask, save_masks
 from compressor.core.registry import names, resolve
 from compressor.core.schema import Field, validate_mapping
-from compressor.core.weights import check_fits, empty_parameters, load_weights, save_weights
+from compressor.core.weights import check_fits, empty_parameters, load_weights, non_finite, save_weights
 from compressor.deploy.manifest import verify_manifest, write_manifest
+from compressor.deploy.preprocessing import check_preprocessing
 from compressor.uq.calibration import TEMPERATURE_SCOPES, Calibrated
 from compressor.uq.conformal import CONFORMAL_METHODS
 from compressor.uq.scores import ENSEMBLE_SCORES, OOD_SCORES
@@ -67,6 +69,7 @@ def export_model(
     for images, or a tokenizer (its files are copied into the export) and a max length for text.
     """
     out_dir = Path(out_dir)
+    check_export_location(out_dir)
     calibration = None
     if isinstance(model, Calibrated):  # the weights are the inner model's; the calibration is config
         model, calibration = model.model, model.config()
@@ -83,6 +86,7 @@ def export_model(
         "masks": [m.to_dict() for m in masks] if masks else None,
     }
     with atomic_dir(out_dir) as tmp:
+        write_marker(tmp, "export")
         save_weights(model.state_dict(), tmp / "model.safetensors", metadata={"format": FORMAT})
         config["weights_sha256"] = file_sha256(tmp / "model.safetensors")
         (tmp / "config.json").write_text(json_text(config))
@@ -96,6 +100,21 @@ def export_model(
             export_onnx(model, onnx_input, tmp / "model.onnx")
         write_manifest(tmp)  # last: every file above, with its sha256
     return out_dir
+
+
+def check_export_location(out_dir: Path) -> None:
+    """An export replaces only an earlier export (marked) or an empty folder, never a user's files,
+    and is never written inside another export."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ExportError(f"{out_dir}: is a file; expected an export folder (or a path to create)")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not is_marked(out_dir, "export"):
+        raise ExportError(
+            f"{out_dir}: holds files but no .compressor-export marker (not an export this version wrote); "
+            "an export replaces only an earlier export; choose another folder"
+        )
+    above = marked_above(out_dir, ("export",))
+    if above is not None:
+        raise ExportError(f"{out_dir}: inside the export folder {above}; expected a folder of its own")
 
 
 def _write_processors(folder: Path, preprocessing: dict | None) -> None:
@@ -169,7 +188,7 @@ CONFIG_SCHEMA = {
     "masks": Field((list, type(None)), None),
     "calibration": Field((dict, type(None)), None),
     "preprocessing": Field((dict, type(None)), None),
-    "weights_sha256": Field((str, type(None)), None),
+    "weights_sha256": Field((str,), required=True, doc="model.safetensors' sha256, as the manifest lists it"),
 }
 
 
@@ -182,6 +201,7 @@ def _check_config(cfg: dict, cfg_path: Path) -> dict:
         if cal["temperature_scope"] == "ensemble" and len(cal["temperature"]) != 1:
             raise ExportError(f"{cfg_path}: calibration.temperature: expected one temperature for scope 'ensemble'")
         cfg["calibration"] = cal
+    cfg["preprocessing"] = check_preprocessing(cfg["preprocessing"], str(cfg_path))
     return cfg
 
 
@@ -207,8 +227,10 @@ def load_export(path: str | Path, map_location: str = "cpu") -> Calibrated:
     if not path.is_dir():
         raise ExportError(f"{path}: no such export folder")
     cfg_path = path / "config.json"
-    verify_manifest(path, ["config.json", "model.safetensors"], ["masks.json", "tokenizer"])
+    hashes = verify_manifest(path, ["config.json", "model.safetensors"], ["masks.json", "tokenizer"])
     cfg = _check_config(_read_config(path), cfg_path)
+    if cfg["weights_sha256"] != hashes["model.safetensors"]:
+        raise ExportError(f"{cfg_path}: weights_sha256: differs from manifest.json's sha256 of model.safetensors")
     if cfg.get("masks") is not None and (path / "masks.json").is_file():
         from compressor.core.masks import load_masks
 
@@ -231,6 +253,8 @@ def load_export(path: str | Path, map_location: str = "cpu") -> Calibrated:
     check_fits(path / "model.safetensors", skeleton)
     model = merger.rebuild(cfg)
     state = load_weights(path / "model.safetensors", device=map_location)
+    if bad := non_finite(state):
+        raise WeightsError(f"{path / 'model.safetensors'}: {bad[0]}: NaN or inf weights; expected finite values")
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
@@ -250,6 +274,12 @@ def load_export(path: str | Path, map_location: str = "cpu") -> Calibrated:
         class_names=cfg.get("class_names") or [],
         preprocessing=preprocessing,
     )
+    temperatures = len(calibration.get("temperature", [1.0]))
+    if calibration.get("temperature_scope") == "member" and temperatures not in (1, wrapped.members):
+        raise ExportError(
+            f"{cfg_path}: calibration.temperature: {temperatures} values for {wrapped.members} members; expected 1 or "
+            f"{wrapped.members}"
+        )
     if wrapped.ood.get("score") in ENSEMBLE_SCORES and wrapped.members < 2:
         raise ExportError(f"{cfg_path}: calibration.ood.score: '{wrapped.ood['score']}' needs an ensemble; one member")
     if preprocessing and hasattr(model, "pretrained_cfg"):  # a plain timm model: where timm reads it

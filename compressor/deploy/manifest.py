@@ -26,10 +26,10 @@ def write_manifest(folder: Path) -> None:
     (folder / MANIFEST).write_text(json_text({"format": MANIFEST_FORMAT, "files": entries}))
 
 
-def verify_manifest(folder: Path, required: list[str], optional: list[str] = ()) -> None:
+def verify_manifest(folder: Path, required: list[str], optional: list[str] = ()) -> dict[str, str]:
     """Check the files `required` (and those of `optional` that are there or listed) against the
     manifest: present, listed, with the listed sha256. Paths are relative to `folder`; a folder
-    name covers what the manifest lists under it."""
+    name covers what the manifest lists under it. Returns the manifest's file -> sha256."""
     path = folder / MANIFEST
     if not path.is_file():
         raise ExportError(f"{path}: missing; expected an export written by this version (re-export it)")
@@ -52,3 +52,8 @@ def verify_manifest(folder: Path, required: list[str], optional: list[str] = ())
                 raise ExportError(f"{file}: missing; {MANIFEST} lists it")
             if file_sha256(file) != files[listed]:
                 raise ExportError(f"{file}: sha256 differs from {MANIFEST} (edited or damaged)")
+        if (folder / name).is_dir():  # a file added to a folder the export reads (a tokenizer's) is refused too
+            for file in sorted(p for p in (folder / name).rglob("*") if p.is_file()):
+                if file.relative_to(folder).as_posix() not in files:
+                    raise ExportError(f"{file}: not in {MANIFEST}; added after the export was written")
+    return files

@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from compressor.core.device import resolve_device
 from compressor.core.errors import InputError
+from compressor.core.folders import marked_above
 from compressor.core.io import json_text
 from compressor.uq.calibration import Calibrated
 from compressor.uq.conformal import prediction_sets
@@ -33,11 +36,23 @@ from compressor.uq.scores import ood_score
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
 
 
+def _read_lines(inputs: Path, what: str) -> list[str]:
+    """The non-empty lines of a UTF-8 text file; a one-line InputError otherwise."""
+    try:
+        return [line for line in inputs.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except UnicodeDecodeError as e:
+        raise InputError(f"{inputs}: not UTF-8 text (byte {e.start}); expected {what}") from e
+    except OSError as e:
+        raise InputError(f"{inputs}: cannot be read ({e.strerror}); expected {what}") from e
+
+
 def _image_paths(inputs: Path) -> list[Path]:
     if inputs.is_dir():
-        paths = sorted(p for p in inputs.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+        paths = sorted(p for p in inputs.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    elif inputs.suffix.lower() in IMAGE_SUFFIXES:
+        paths = [inputs]  # one image
     else:
-        lines = [line.strip() for line in inputs.read_text(encoding="utf-8").splitlines() if line.strip()]
+        lines = [line.strip() for line in _read_lines(inputs, "an image folder, an image, or a list of image paths")]
         paths = [(inputs.parent / line) if not Path(line).is_absolute() else Path(line) for line in lines]
         missing = [str(p) for p in paths if not p.is_file()]
         if missing:
@@ -50,7 +65,9 @@ def _image_paths(inputs: Path) -> list[Path]:
 def _texts(inputs: Path) -> list[str]:
     if inputs.is_dir():
         raise InputError(f"{inputs}: a text model expects a .txt file (one sentence per line) or .jsonl, not a folder")
-    lines = [line for line in inputs.read_text(encoding="utf-8").splitlines() if line.strip()]
+    lines = _read_lines(inputs, "a .txt file (one sentence per line) or .jsonl with a 'text' field")
+    if not lines:
+        raise InputError(f"{inputs}: no texts (every line is empty)")
     if inputs.suffix.lower() != ".jsonl":
         return [line.strip() for line in lines]
     texts = []
@@ -63,38 +80,42 @@ def _texts(inputs: Path) -> list[str]:
     return texts
 
 
-def _batches(model: nn.Module, inputs: Path, batch_size: int) -> Iterator[tuple[list[str], torch.Tensor]]:
-    """(names, model inputs) batches, made by the export's recorded preprocessing."""
+def _batches(model: nn.Module, inputs: Path, batch_size: int) -> tuple[int, Iterator[tuple[list[str], torch.Tensor]]]:
+    """The number of batches, and the (names, model inputs) batches made lazily (one in memory at
+    a time) by the export's recorded preprocessing. Every input is listed and checked first."""
     prep = model.preprocessing if isinstance(model, Calibrated) else {}
     if prep.get("kind") == "text":
         from transformers import AutoTokenizer
 
         texts = _texts(inputs)
         tok = AutoTokenizer.from_pretrained(prep["tokenizer"])
-        for i in range(0, len(texts), batch_size):
-            chunk = texts[i : i + batch_size]
-            ids = tok(chunk, padding="max_length", truncation=True, max_length=prep["max_length"], return_tensors="pt")
-            yield chunk, ids["input_ids"]
-        return
+
+        def text_batches() -> Iterator[tuple[list[str], torch.Tensor]]:
+            for i in range(0, len(texts), batch_size):
+                chunk = texts[i : i + batch_size]
+                ids = tok(
+                    chunk, padding="max_length", truncation=True, max_length=prep["max_length"], return_tensors="pt"
+                )
+                yield chunk, ids["input_ids"]
+
+        return -(-len(texts) // batch_size), text_batches()
     if prep.get("kind") != "image":
         raise InputError("export: config.json records no preprocessing; re-export it with this version")
     import timm.data
-    from PIL import Image
+
+    from compressor.data.images import open_image
 
     settings = {k: (tuple(v) if isinstance(v, list) else v) for k, v in prep.items() if k != "kind"}
     transform = timm.data.create_transform(**settings, is_training=False)
     mode = "L" if settings["input_size"][0] == 1 else "RGB"
     paths = _image_paths(inputs)
-    for i in range(0, len(paths), batch_size):
-        chunk = paths[i : i + batch_size]
-        images = []
-        for p in chunk:
-            try:
-                with Image.open(p) as im:
-                    images.append(transform(im.convert(mode)))
-            except OSError as e:
-                raise InputError(f"{p}: not a readable image ({e})") from e
-        yield [str(p) for p in chunk], torch.stack(images)
+
+    def image_batches() -> Iterator[tuple[list[str], torch.Tensor]]:
+        for i in range(0, len(paths), batch_size):
+            chunk = paths[i : i + batch_size]
+            yield [str(p) for p in chunk], torch.stack([transform(open_image(p, mode)) for p in chunk])
+
+    return -(-len(paths) // batch_size), image_batches()
 
 
 def _rows(
@@ -144,6 +165,17 @@ def _rows(
     return rows
 
 
+MAX_BATCH = 65536
+
+
+def check_options(batch_size: int, top_k: int) -> None:
+    """One-line InputErrors for a batch size or top-k that cannot work."""
+    if not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH:
+        raise InputError(f"--batch-size: expected an integer in 1..{MAX_BATCH}, got {batch_size!r}")
+    if not isinstance(top_k, int) or top_k < 1:
+        raise InputError(f"--top-k: expected an integer >= 1, got {top_k!r}")
+
+
 @torch.no_grad()
 def predict_inputs(
     model: nn.Module | str | Path,
@@ -155,20 +187,23 @@ def predict_inputs(
 ) -> list[dict]:
     """Per-sample predictions (dicts with the fields the module docstring lists) for `inputs`,
     from an export folder or a model `compressor.load` returned."""
+    check_options(batch_size, top_k)
+    device = str(resolve_device(device, "--device"))
+    inputs = Path(inputs)
+    if not inputs.exists():
+        raise InputError(f"{inputs}: no such file or folder")
     if not isinstance(model, nn.Module):
         from compressor.deploy.export import load_export
 
         model = load_export(model, map_location=device)
-    inputs = Path(inputs)
-    if not inputs.exists():
-        raise InputError(f"{inputs}: no such file or folder")
     model = model.to(device).eval()
     read = logits_reader(model)
     ood = model.ood if isinstance(model, Calibrated) else {}
     conformal = model.conformal if isinstance(model, Calibrated) else {}
     classes = model.class_names if isinstance(model, Calibrated) else []
     rows: list[dict] = []
-    for names, x in tqdm(list(_batches(model, inputs, batch_size)), desc="predict", disable=None if progress else True):
+    total, batches = _batches(model, inputs, batch_size)
+    for names, x in tqdm(batches, total=total, desc="predict", disable=None if progress else True):
         out = model(x.to(device))
         logits = read(out)
         rows += _rows(names, logits, ensemble_probs(out, logits), classes, ood, top_k, conformal)
@@ -191,8 +226,16 @@ def check_output(out: Path | None, export: Path | None = None, overwrite: bool =
         raise InputError(f"--out {out}: no folder {out.parent}; create it first")
     if export is not None and export.resolve() in out.resolve().parents:
         raise InputError(f"--out {out}: inside the export {export}; write predictions elsewhere")
+    inside = marked_above(out, ("export",))
+    if inside is not None:
+        raise InputError(f"--out {out}: inside the export folder {inside}; write predictions elsewhere")
     if out.exists() and not overwrite:
         raise InputError(f"--out {out}: exists; pass --overwrite to replace it")
+    try:  # writable, found now rather than after predicting
+        with tempfile.NamedTemporaryFile(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"):
+            pass
+    except OSError as e:
+        raise InputError(f"--out {out}: cannot write in {out.parent} ({e.strerror or e})") from e
 
 
 def write_predictions(rows: list[dict], out: Path | None) -> str:

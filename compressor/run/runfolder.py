@@ -4,7 +4,10 @@
 - `RUNNING` is written when a run starts and removed only after its report is written, so an
   interrupted or failed run is visible as such (the marker then says why);
 - a run refuses a folder that holds an earlier run's outputs unless told to overwrite them; only
-  the files and folders this project writes there are removed, never anything outside the folder;
+  the files and folders this project writes there are removed, and only from a folder that carries
+  the run marker (`.compressor-run`), an export folder only when it carries the export marker: a
+  folder without them may hold a user's own files and is refused, never cleaned;
+- a run never starts inside another run folder or an export folder;
 - temporary files an interrupted earlier run left behind are deleted.
 """
 
@@ -18,9 +21,41 @@ import time
 from pathlib import Path
 
 from compressor.core.errors import InputError
+from compressor.core.folders import is_marked, kind_of, marked_above, write_marker
 from compressor.core.io import atomic_write_text, remove_stale_temporaries
 
 OUTPUTS = ("masks.json", "head_scores.json", "metrics.json", "metrics.md", "report.md", "RUNNING", "plots")
+
+
+def check_run_location(path: Path) -> None:
+    """A one-line InputError for a run folder that is a file, an export folder, or inside another
+    run or export folder (its --overwrite would then damage that one)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise InputError(f"{path}: is a file; expected a run folder (or a path to create); use another --out")
+    if is_marked(path, "export"):
+        raise InputError(f"{path}: is an export folder; expected a run folder of its own (use another --out)")
+    above = marked_above(path)
+    if above is not None:
+        raise InputError(
+            f"{path}: inside the {kind_of(above)} folder {above}; expected a run folder of its own (use another --out)"
+        )
+
+
+def check_removable(path: Path, earlier: list[str], export_dirs: list[str]) -> None:
+    """--overwrite removes `earlier` only from a folder this project marked, and an export folder
+    only when it carries the export marker."""
+    if not is_marked(path, "run"):
+        raise InputError(
+            f"{path}: holds {', '.join(earlier)} but no .compressor-run marker (not a run folder this version "
+            "wrote); --overwrite removes only a marked run's outputs; move them or use another --out"
+        )
+    for name in earlier:
+        if name in export_dirs and (path / name).is_dir() and not is_marked(path / name, "export"):
+            raise InputError(
+                f"{path / name}: export.dir names a folder without the .compressor-export marker "
+                "(not an export this version wrote); --overwrite will not replace it; choose another export.dir"
+            )
 
 
 class RunFolder:
@@ -28,6 +63,7 @@ class RunFolder:
 
     def __init__(self, path: Path, export_dirs: list[str] = (), overwrite: bool = False) -> None:
         self.path = Path(path)
+        self.export_dirs = list(export_dirs)
         self.outputs = [*OUTPUTS, *export_dirs]
         self.overwrite = overwrite
         self._lock = None
@@ -37,8 +73,7 @@ class RunFolder:
         return [name for name in self.outputs if (self.path / name).exists()]
 
     def __enter__(self) -> RunFolder:
-        if self.path.exists() and not self.path.is_dir():
-            raise InputError(f"{self.path}: is a file; expected a run folder (or a path to create); use another --out")
+        check_run_location(self.path)
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock = open(self.path / ".lock", "w")  # noqa: SIM115 - held until __exit__
         try:
@@ -59,10 +94,17 @@ class RunFolder:
                 f"{self.path}: holds an earlier run's outputs ({', '.join(earlier)}); "
                 "pass --overwrite to replace them, or --out for another folder"
             )
+        if earlier:
+            try:
+                check_removable(self.path, earlier, self.export_dirs)
+            except InputError:
+                self._release()
+                raise
         for name in earlier:
             target = self.path / name
             shutil.rmtree(target) if target.is_dir() else target.unlink()
         remove_stale_temporaries(self.path)
+        write_marker(self.path, "run")
         marker = {"pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S"), "status": "running"}
         atomic_write_text(self.path / "RUNNING", json.dumps(marker) + "\n")
         return self
