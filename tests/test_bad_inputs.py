@@ -21,6 +21,7 @@ from compressor.training.loop import train
 from mergers.plain import prune_physically
 
 from .conftest import make_vit
+from .helpers import tree_digest
 
 RECIPE = {
     "name": "bad",
@@ -189,21 +190,14 @@ SET_CASES = [
 ]
 
 
-def _snapshot(root: Path, skip: Path) -> dict:
-    return {
-        str(p): p.stat().st_mtime_ns
-        for p in root.rglob("*")
-        if p.is_file() and skip not in p.parents and ".cache" not in p.parts
-    }
-
-
 def _run(argv, capsys, root: Path):
-    before = _snapshot(root, root / "runs" / "bad")
+    (root / "runs").mkdir(exist_ok=True)  # where the run folder goes, as after a first run
+    before = tree_digest(root, root / "runs" / "bad")
     t0 = time.time()
     code = main(argv)
     elapsed = time.time() - t0
     err = capsys.readouterr().err.strip().splitlines()
-    assert _snapshot(root, root / "runs" / "bad") == before, "something outside the run folder changed"
+    assert tree_digest(root, root / "runs" / "bad") == before, "something outside the run folder changed"
     assert not (root / "PWNED").exists(), "a recipe ran code"
     assert not (root / "runs" / ".cache").exists(), "a base model was trained"
     return code, err, elapsed

@@ -33,12 +33,10 @@ def is_marked(folder: Path, kind: str) -> bool:
         return False
 
 
-def marked_above(path: Path, kinds: tuple[str, ...] = ("run", "export"), include_self: bool = False) -> Path | None:
-    """The nearest folder above `path` (or `path` itself with `include_self`) that carries a
-    marker of one of `kinds`, else None. Paths are resolved (links followed)."""
-    path = Path(path).expanduser().resolve()
-    candidates = [path, *path.parents] if include_self else list(path.parents)
-    for folder in candidates:
+def marked_above(path: Path, kinds: tuple[str, ...] = ("run", "export")) -> Path | None:
+    """The nearest folder above `path` that carries a marker of one of `kinds`, else None. Paths
+    are resolved (links followed)."""
+    for folder in Path(path).expanduser().resolve().parents:
         if any(is_marked(folder, kind) for kind in kinds):
             return folder
     return None

@@ -36,6 +36,9 @@ def _at(where: str) -> str:
     return f"{where}: " if where else ""
 
 
+MAX_BATCH = 65536  # the largest batch size any option accepts (recipes, `predict --batch-size`)
+
+
 def positive(v: Any) -> str | None:
     return None if v is None or 0 < v < float("inf") else "a finite number > 0"
 

@@ -15,7 +15,7 @@ import torch
 
 from compressor.data.bundle import DataBundle, batches, bootstrap, loader, sharded_batches
 from compressor.data.digits import corrupt, digits_bundle, digits_preprocessing, photo_crops
-from compressor.data.images import image_folder_bundle, image_transforms, size_note
+from compressor.data.images import crop_origin, image_folder_bundle, image_transforms, size_note
 
 
 def load_bundle(
@@ -44,8 +44,8 @@ def load_bundle(
 
         tf_eval, _, cfg = image_transforms(model, overrides, "none", pretrained)
         data = fashion_bundle(tf_eval, cfg, data_cfg["in_classes"] or DEFAULT_IN_CLASSES, seed=data_cfg["seed"])
-        origin = "data.crop_pct" if data_cfg["crop_pct"] is not None else "the pretrained config"
-        data.notes += [note] if (note := size_note((28, 28), cfg, origin, "Fashion-MNIST")) else []
+        note = size_note((28, 28), cfg, crop_origin(data_cfg), "Fashion-MNIST")
+        data.notes += [note] if note else []
         return data
     return image_folder_bundle(
         data_cfg["root"],

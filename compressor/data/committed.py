@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from compressor.core.errors import InputError
+from compressor.core.io import file_sha256
 
 DATASETS = Path(__file__).parents[1] / "datasets"
 
@@ -16,7 +17,7 @@ def record_in_manifest(path: Path) -> str:
     """Write `path`'s sha256 into the MANIFEST.json beside it (what a dataset builder does last); the hash."""
     manifest_path = path.parent / "MANIFEST.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    manifest[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    manifest[path.name] = file_sha256(path)
     manifest_path.write_text(json.dumps(dict(sorted(manifest.items())), indent=1) + "\n")
     return manifest[path.name]
 

@@ -125,8 +125,7 @@ def image_folder_bundle(
     train = ImageFolder(str(root_p / "train"), transform=tf_train, loader=open_image)
     test = ImageFolder(str(root_p / "val"), transform=tf_eval, loader=open_image)
     check_files_once(root_p, [path for path, _ in train.samples + test.samples])
-    origin = "data.crop_pct" if (overrides or {}).get("crop_pct") is not None else "the pretrained config"
-    notes = [note] if (note := resize_note(test.samples[0][0], cfg, origin)) else []
+    notes = [note] if (note := resize_note(test.samples[0][0], cfg, crop_origin(overrides))) else []
     val_idx, tr_idx = split_indices(len(train), (val_fraction, 1 - val_fraction), seed)
     val_full = ImageFolder(str(root_p / "train"), transform=tf_eval, loader=open_image)
     ood = {Path(r).name: Unlabelled(ImageFolder(r, transform=tf_eval, loader=open_image)) for r in ood_roots}
@@ -150,6 +149,11 @@ def image_folder_bundle(
         preprocessing={"kind": "image", **{k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}},
         notes=notes,
     )
+
+
+def crop_origin(overrides: dict | None) -> str:
+    """Where the eval crop comes from, for the size notes: the recipe's data.crop_pct or the model's config."""
+    return "data.crop_pct" if (overrides or {}).get("crop_pct") is not None else "the pretrained config"
 
 
 def resize_note(path: str, cfg: dict, crop_origin: str) -> str | None:

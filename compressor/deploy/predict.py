@@ -28,6 +28,7 @@ from compressor.core.device import resolve_device
 from compressor.core.errors import InputError
 from compressor.core.folders import marked_above
 from compressor.core.io import json_text
+from compressor.core.schema import MAX_BATCH
 from compressor.uq.calibration import Calibrated
 from compressor.uq.conformal import prediction_sets
 from compressor.uq.outputs import ensemble_probs, logits_reader
@@ -163,9 +164,6 @@ def _rows(
             row["set_size"] = len(members)
         rows.append(row)
     return rows
-
-
-MAX_BATCH = 65536
 
 
 def check_options(batch_size: int, top_k: int) -> None:
