@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 import yaml
 from uq_table import RESULTS, ROOT, run_row
 
@@ -75,17 +76,59 @@ def rows(task: str) -> dict[str, list[dict]]:
         "hydra, members tuned 2x longer": variant(steps=300, patience=None),
         "hydra, members distilled from the base": variant(distill={"alpha": 0.5, "temperature": 2.0}),
         "hydra, packed (every block re-initialised)": variant(reinit_blocks="all"),
+        MAHALANOBIS_HYDRA: [
+            {"calibrate": {**s["calibrate"], "ood_score": "mahalanobis"}} if "calibrate" in s else s for s in steps
+        ],
     }
 
 
-ROW_SETS = {"main": ["hydra (recipe)", "single pruned model"]}
+MAHALANOBIS_HYDRA = "hydra (recipe) + Mahalanobis"  # the calibrate step deploys the Mahalanobis score
+MAHALANOBIS_DE = "deep_ensemble x3 + Mahalanobis"  # per member on its own features, averaged
+ROW_SETS = {"main": ["hydra (recipe)", "single pruned model"], "mahalanobis": [MAHALANOBIS_HYDRA]}
 MAIN_EXTRA = {"fashion": ["hydra, packed (every block re-initialised)"]}  # the packed pipeline beside it
 
 
-def per_set(folder: Path, model: str) -> dict[str, float]:
-    """AUROC and FPR95 (max-softmax) of every OOD set, from a row's metrics.json."""
+def per_set(folder: Path, model: str, score: str = "msp") -> dict[str, float]:
+    """AUROC and FPR95 of one OOD score on every OOD set, from a row's metrics.json."""
     ood = json.loads((folder / "metrics.json").read_text())["models"][model]["ood"]
-    return {f"{k}/{name}": r[f"{k}_msp"] for name, r in ood.items() for k in ("auroc", "fpr95")}
+    return {f"{k}/{name}": r[f"{k}_{score}"] for name, r in ood.items() for k in ("auroc", "fpr95")}
+
+
+def with_means(row: dict) -> dict:
+    """`auroc_msp`/`fpr95_msp` set to the means over the OOD sets of the row's per-set columns
+    (rows scored by another score: the table's AUROC and FPR95 are always the row's own score)."""
+    for k in ("auroc", "fpr95"):
+        row[f"{k}_msp"] = float(np.mean([v for key, v in row.items() if key.startswith(f"{k}/")]))
+    return row
+
+
+def ensemble_mahalanobis_row(raw: dict, seed: int, folder: Path) -> dict:
+    """The Deep Ensemble (bases of seeds s, s+1, s+2) with the Mahalanobis score fitted per member
+    on the train split, as the calibrate step fits it for a fused model."""
+    from compressor.uq.features import predict_features
+    from compressor.uq.inference import predict
+    from compressor.uq.metrics import classification_report
+    from compressor.uq.outputs import DeepEnsemble
+
+    bases = []
+    for s in (seed, seed + 1, seed + 2):
+        ctx = Runner(
+            validate_recipe({**copy.deepcopy(raw), "seed": s}, where="text_table:de"), folder, quiet=True
+        ).setup()
+        bases.append(ctx.base)
+    data, bs = ctx.data, raw["data"]["batch_size"]
+    ensemble = DeepEnsemble(bases)
+    features = lambda ds: predict_features(ensemble, ds, bs, len(bases))  # noqa: E731
+    score = Mahalanobis.fit(*features(data.train))
+    test = predict(ensemble, data.test, bs)
+    row = classification_report(test.member_probs, test.labels, test.probs)
+    s_in = score(features(data.test)[0]).numpy()
+    for name, ds in data.ood.items():
+        s_out = score(features(ds)[0]).numpy()
+        row[f"auroc/{name}"], row[f"fpr95/{name}"] = auroc(s_in, s_out), fpr_at_tpr(s_in, s_out)
+    return with_means(
+        {k: v for k, v in row.items() if isinstance(v, float)} | {"flops_ratio": 3.0, "params_ratio": 3.0}
+    )
 
 
 def posthoc_rows(raw: dict, folder: Path, base_row: dict) -> dict[str, dict]:
@@ -96,7 +139,8 @@ def posthoc_rows(raw: dict, folder: Path, base_row: dict) -> dict[str, dict]:
     train_labels = ctx.data.train.tensors[1].numpy()
     test_logits, test_feats = logits_and_features(ctx.base, ctx.data.test, bs)
     outside = {name: logits_and_features(ctx.base, ds, bs) for name, ds in ctx.data.ood.items()}
-    mahalanobis, knn = Mahalanobis(train_feats, train_labels), KNearest(train_feats, 10)
+    mahalanobis = Mahalanobis.fit(torch.from_numpy(train_feats), torch.from_numpy(train_labels))
+    knn = KNearest(train_feats, 10)
     scorers = {
         "base + energy score": lambda logits, feats: energy_score(logits),
         "base + Mahalanobis": lambda logits, feats: mahalanobis.score(feats),
@@ -157,13 +201,20 @@ def run_seed(
         masks.setdefault(key, row_folder / "masks.json")
         model = next(m for m in summary if m != "base")
         result[name] = {**summary[model], **per_set(row_folder, model), "minutes": (time.time() - t) / 60}
+        if name == MAHALANOBIS_HYDRA:
+            result[name] = with_means(result[name] | per_set(row_folder, model, "mahalanobis"))
         print(f"{task} seed {seed}: {name} ({time.time() - t:.0f}s)", flush=True)
+    if MAHALANOBIS_HYDRA in wanted:  # its same-score comparison
+        t = time.time()
+        result[MAHALANOBIS_DE] = ensemble_mahalanobis_row(raw, seed, folder / "deep_ensemble_mahalanobis")
+        print(f"{task} seed {seed}: {MAHALANOBIS_DE} ({time.time() - t:.0f}s)", flush=True)
     result["_minutes"] = {"total": (time.time() - t0) / 60}
     return result
 
 
-def table(mean: dict, std: dict, sets: list[str]) -> str:
-    """Markdown: COLUMNS then AUROC per OOD set, mean ± std over seeds."""
+def table(mean: dict, std: dict, sets: list[str], seeds: dict[str, list[int]] | None = None) -> str:
+    """Markdown: COLUMNS then AUROC per OOD set, mean ± std over seeds (a row measured on one seed
+    shows its value alone, its name says which seed)."""
     cols = [c for c in COLUMNS if any(c[1] in r for r in mean.values())] + [(f"AUROC {s}", f"auroc/{s}") for s in sets]
     lines = ["| model | " + " | ".join(h for h, _ in cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for name, r in mean.items():
@@ -173,9 +224,13 @@ def table(mean: dict, std: dict, sets: list[str]) -> str:
                 cells.append("")
             elif k.endswith("_ratio"):
                 cells.append(f"{r[k]:.2f}")
+            elif len((seeds or {}).get(name, [0, 1])) == 1:
+                cells.append(f"{r[k]:.3f}")
             else:
                 cells.append(f"{r[k]:.3f} ± {std[name][k]:.3f}")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        only = (seeds or {}).get(name, [0, 1])
+        label = f"{name} (seed {only[0]} only)" if len(only) == 1 else name
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -185,12 +240,16 @@ def merge(task: str, seeds: list[int]) -> None:
         s: sorted(RESULTS.glob(f"{stem(task)}_seed{s}.json")) + sorted(RESULTS.glob(f"{stem(task)}_seed{s}_*.json"))
         for s in seeds
     }
+    summary = RESULTS / f"{stem(task)}.json"
+    earlier = {p["seed"]: p for p in json.loads(summary.read_text())["per_seed"]} if summary.is_file() else {}
     per_seed = []
-    for s, paths in files.items():  # one seed's rows, from its main run and any other part
+    for s, paths in files.items():  # one seed's rows: an earlier merge's, then its main run and any other part
         parts = [json.loads(p.read_text()) for p in paths]
         main_part = [p for p, path in zip(parts, paths) if path.name == f"{stem(task)}_seed{s}.json"]
+        before = earlier.get(s, {"rows": {}})["rows"]
         minutes = sum(p["rows"].get("_minutes", {}).get("total", 0.0) for p in main_part)  # the main rows' run
-        rows = {k: v for p in parts for k, v in p["rows"].items()} | {"_minutes": {"total": minutes}}
+        minutes = minutes or before.get("_minutes", {}).get("total", 0.0)
+        rows = before | {k: v for p in parts for k, v in p["rows"].items()} | {"_minutes": {"total": minutes}}
         per_seed.append({"task": task, "seed": s, "rows": rows})
     names = list(dict.fromkeys(n for p in per_seed for n in p["rows"] if n != "_minutes"))
     have = {n: [p["rows"][n] for p in per_seed if n in p["rows"]] for n in names}
@@ -204,7 +263,7 @@ def merge(task: str, seeds: list[int]) -> None:
         "minutes_per_seed": minutes, "mean": mean, "std": std, "per_seed": per_seed,
     }  # fmt: skip
     (RESULTS / f"{stem(task)}.json").write_text(json.dumps(payload, indent=1))
-    md = table(mean, std, sets)
+    md = table(mean, std, sets, payload["seeds_per_row"])
     (RESULTS / f"{stem(task)}.md").write_text(md)
     for path in (p for paths in files.values() for p in paths):
         path.unlink()
@@ -225,10 +284,11 @@ def main() -> None:
         merge(args.task, args.merge)
         return
     every = list(rows(args.task))
-    levers = [n for n in every if n not in ROW_SETS["main"]]
+    levers = [n for n in every if n not in ROW_SETS["main"] and n not in ROW_SETS["mahalanobis"]]
     main_rows = ROW_SETS["main"] + MAIN_EXTRA.get(args.task, [])
     levers = [n for n in levers if n not in main_rows]
-    wanted = {"main": main_rows, "levers": levers, "all": every}.get(args.rows) or args.rows.split(";")
+    named = {"main": main_rows, "levers": levers, "all": every, "mahalanobis": ROW_SETS["mahalanobis"]}
+    wanted = named.get(args.rows) or args.rows.split(";")
     out = Path(args.out or f"runs/{stem(args.task)}")
     result = run_seed(args.task, args.seed, wanted, out, args.quick, baselines=not args.no_baselines)
     RESULTS.mkdir(parents=True, exist_ok=True)

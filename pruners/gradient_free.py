@@ -55,31 +55,54 @@ OBJECTIVES = (*METRICS, *OOD_OBJECTIVES, "nll+auroc", "nll+fpr95")
 
 
 @torch.no_grad()
-def evaluate_metric(family: Family, data: Sequence[Batch], metric: str = "nll") -> float:
-    """The metric's mean over every sample of `data`, for the model as currently gated.
-
-    Under torch.distributed each rank evaluates its shards; sums and counts are all-reduced.
-    """
-    total = torch.zeros(2, dtype=torch.float64)
+def heldout_logits(family: Family, data: Sequence[Batch]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(logits, labels) of every non-empty batch of `data`, for the model as currently gated."""
+    out = []
     for x, y, *_ in data:
         if len(y):
             logits = family.logits(x).float()
-            per_sample = METRICS[metric](logits, y.to(logits.device)).double().cpu()
-            total += torch.stack([per_sample.sum(), torch.tensor(float(len(y)), dtype=torch.float64)])
+            out.append((logits, y.to(logits.device)))
+    return out
+
+
+def metric_mean(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], metric: str) -> float:
+    """A per-sample metric's mean over (logits, labels) pairs; all-reduced under torch.distributed."""
+    total = torch.zeros(2, dtype=torch.float64)
+    for logits, y in pairs:
+        per_sample = METRICS[metric](logits, y).double().cpu()
+        total += torch.stack([per_sample.sum(), torch.tensor(float(len(y)), dtype=torch.float64)])
     total = all_reduce_sum(total)
     return float(total[0] / total[1].clamp_min(1))
 
 
 @torch.no_grad()
-def msp_ood_objective(family: Family, heldout: Sequence[Batch], outliers: Sequence[torch.Tensor], kind: str) -> float:
+def evaluate_metric(family: Family, data: Sequence[Batch], metric: str = "nll") -> float:
+    """The metric's mean over every sample of `data`, for the model as currently gated.
+
+    Under torch.distributed each rank evaluates its shards; sums and counts are all-reduced.
+    """
+    return metric_mean(heldout_logits(family, data), metric)
+
+
+def _max_softmax_ood(logits: Sequence[torch.Tensor]) -> torch.Tensor:
+    parts = [-x.float().softmax(-1).amax(-1).cpu() for x in logits]
+    return gather_varlen(torch.cat(parts) if parts else torch.zeros(0))
+
+
+@torch.no_grad()
+def msp_ood_objective(
+    family: Family,
+    heldout: Sequence[Batch],
+    outliers: Sequence[torch.Tensor],
+    kind: str,
+    pairs: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None,
+) -> float:
     """1 - AUROC, or FPR95, of separating `outliers` from `heldout` inputs by max-softmax
-    probability (OOD positive, score = -max prob), for the model as currently gated."""
-
-    def scores(inputs: Sequence[torch.Tensor]) -> torch.Tensor:
-        parts = [-family.logits(x).float().softmax(-1).amax(-1).cpu() for x in inputs if len(x)]
-        return gather_varlen(torch.cat(parts) if parts else torch.zeros(0))
-
-    s_in, s_out = scores([b[0] for b in heldout]), scores(outliers)
+    probability (OOD positive, score = -max prob), for the model as currently gated. `pairs`: the
+    held-out logits when already computed (they are then not recomputed)."""
+    pairs = heldout_logits(family, heldout) if pairs is None else pairs
+    s_in = _max_softmax_ood([logits for logits, _ in pairs])
+    s_out = _max_softmax_ood([family.logits(x) for x in outliers if len(x)])
     if kind == "auroc":
         return 1.0 - auroc(s_in, s_out)
     return fpr_at_tpr(s_in, s_out)
@@ -88,15 +111,18 @@ def msp_ood_objective(family: Family, heldout: Sequence[Batch], outliers: Sequen
 def evaluate_objective(
     family: Family, heldout: Sequence[Batch], outliers: Sequence[torch.Tensor] | None, objective: str
 ) -> float:
-    """One objective (see the module docstring) for the model as currently gated; lower is better."""
+    """One objective (see the module docstring) for the model as currently gated; lower is better.
+    The held-out inputs go through the model once, whatever the number of parts."""
+    parts = objective.split("+")
+    if any(part not in METRICS for part in parts) and not outliers:
+        raise InputError(f"gradient_free: objective '{objective}' needs validation outliers (none given)")
+    pairs = heldout_logits(family, heldout)
     total = 0.0
-    for part in objective.split("+"):
+    for part in parts:
         if part in METRICS:
-            total += evaluate_metric(family, heldout, part)
+            total += metric_mean(pairs, part)
         else:
-            if not outliers:
-                raise InputError(f"gradient_free: objective '{objective}' needs validation outliers (none given)")
-            total += msp_ood_objective(family, heldout, outliers, part)
+            total += msp_ood_objective(family, heldout, outliers, part, pairs=pairs)
     return total
 
 

@@ -60,7 +60,7 @@ EXPORT_CASES = [
             lambda c, bad=bad: c.__setitem__(
                 "calibration", {"temperature": [1.0], "ood": {"score": "msp", "tpr": 0.95, "threshold": bad}}
             ),
-            "calibration.ood: expected a score (msp, entropy, mi) and a finite threshold",
+            "calibration.ood: expected a score (msp, entropy, mi, mahalanobis) and a finite threshold",
         )
         for bad in (float("nan"), float("inf"), "0.5", True)
     ],
@@ -117,7 +117,7 @@ def test_weights_outside_the_specs_heads_are_refused(tmp_path):
 
 
 def test_an_ensemble_ood_score_on_a_single_model_export_is_refused(tmp_path):
-    from compressor.uq.calibration import Calibrated
+    from compressor.uq.calibrated import Calibrated
     from mergers.plain import prune_physically
 
     vit = make_vit("tiny_cls")

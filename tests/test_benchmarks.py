@@ -59,3 +59,32 @@ def test_results_of_seeds_run_apart_merge_into_the_mean_over_the_seeds_that_have
     assert joined["std"]["base"]["acc"] == pytest.approx(np.std([0.5, 0.7, 0.9]))
     assert joined["mean"]["extra"]["acc"] == pytest.approx(0.1) and joined["seeds_per_row"]["extra"] == [0]
     assert (tmp_path / "joined.md").exists()
+
+
+def test_text_table_merges_new_rows_into_an_earlier_summary(tmp_path, monkeypatch):
+    """A row run later (its own part file) joins the earlier summary's rows seed by seed; a row
+    measured on one seed shows its value alone, named with its seed, never as '± 0.000'."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    text_table = _load("text_table")
+    monkeypatch.setattr(text_table, "RESULTS", tmp_path)
+
+    def part(seed: int, rows: dict, suffix: str = "") -> None:
+        payload = {"task": "topics", "seed": seed, "rows": rows}
+        (tmp_path / f"text_topics_seed{seed}{suffix}.json").write_text(json.dumps(payload))
+
+    row = lambda acc: {"accuracy": acc, "auroc/a": acc, "fpr95/a": 1 - acc}  # noqa: E731
+    for seed, acc in enumerate([0.5, 0.7, 0.9]):
+        part(seed, {"base": row(acc), "_minutes": {"total": 10.0}})
+    part(0, {"lever": row(0.3)}, "_lever")
+    text_table.merge("topics", [0, 1, 2])
+    for seed, acc in enumerate([0.6, 0.8, 1.0]):
+        part(seed, {"new": row(acc), "_minutes": {"total": 5.0}}, "_new")
+    text_table.merge("topics", [0, 1, 2])
+    joined = json.loads((tmp_path / "text_topics.json").read_text())
+    assert joined["seeds_per_row"] == {"base": [0, 1, 2], "lever": [0], "new": [0, 1, 2]}
+    assert joined["mean"]["base"]["accuracy"] == pytest.approx(0.7)
+    assert joined["mean"]["new"]["accuracy"] == pytest.approx(0.8)
+    assert joined["minutes_per_seed"] == {"0": 10.0, "1": 10.0, "2": 10.0}
+    md = (tmp_path / "text_topics.md").read_text()
+    assert "| lever (seed 0 only) | 0.300 |" in md and "| base | 0.700 ± 0.163 |" in md
+    assert not list(tmp_path.glob("text_topics_seed*.json"))  # the parts are merged away

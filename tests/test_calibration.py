@@ -14,8 +14,8 @@ from compressor.data import digits_bundle
 from compressor.deploy.export import export_model
 from compressor.training.config import TrainConfig
 from compressor.training.loop import train
+from compressor.uq.calibrated import Calibrated
 from compressor.uq.calibration import (
-    Calibrated,
     calibrated_probs,
     checked_ood_threshold,
     ensemble_log_probs,

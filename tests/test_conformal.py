@@ -115,7 +115,7 @@ def test_export_carries_the_sets_and_predict_writes_them(tmp_path):
     from compressor.core.masks import HeadMask
     from compressor.data import digits_preprocessing
     from compressor.deploy.export import export_model
-    from compressor.uq.calibration import Calibrated
+    from compressor.uq.calibrated import Calibrated
     from mergers.hydra import build_hydra
 
     from .conftest import make_vit
@@ -151,7 +151,7 @@ def test_a_tampered_coverage_is_refused_on_load(tmp_path):
     from compressor.core.masks import HeadMask
     from compressor.deploy.export import export_model
     from compressor.deploy.manifest import write_manifest
-    from compressor.uq.calibration import Calibrated
+    from compressor.uq.calibrated import Calibrated
     from mergers.hydra import build_hydra
 
     from .conftest import make_vit

@@ -19,7 +19,7 @@ from compressor.core.weights import save_weights
 from compressor.data import digits_preprocessing
 from compressor.deploy.export import export_model
 from compressor.deploy.manifest import write_manifest
-from compressor.uq.calibration import Calibrated
+from compressor.uq.calibrated import Calibrated
 from mergers.hydra import build_hydra
 
 from .conftest import make_vit

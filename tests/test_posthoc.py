@@ -11,6 +11,7 @@ from sklearn.neighbors import NearestNeighbors
 from torch.utils.data import TensorDataset
 
 from compressor.core.device import check_precision, cpu_has_native_bf16
+from compressor.uq import posthoc
 from compressor.uq.posthoc import KNearest, Mahalanobis, energy_score, logits_and_features
 
 
@@ -28,7 +29,30 @@ def test_mahalanobis_against_a_hand_computation():
     centred = np.concatenate([feats[labels == c] - means[c] for c in range(3)])
     inv = np.linalg.inv(centred.T @ centred / len(feats))
     expected = [min((q - m) @ inv @ (q - m) for m in means) for q in queries]
-    np.testing.assert_allclose(Mahalanobis(feats, labels).score(queries), expected, rtol=1e-8)
+    fitted = Mahalanobis.fit(torch.from_numpy(feats), torch.from_numpy(labels))
+    np.testing.assert_allclose(fitted.score(queries), expected, rtol=1e-8)
+
+
+def test_mahalanobis_of_an_ensemble_is_the_members_mean_against_scikit_learn(monkeypatch):
+    """Two members with their own features: per member, scikit-learn's EmpiricalCovariance on the
+    class-centred features gives the squared distances; the score is the nearest class's, averaged."""
+    from sklearn.covariance import EmpiricalCovariance
+
+    rng = np.random.default_rng(3)
+    labels = rng.integers(0, 4, 500)
+    feats = rng.normal(size=(2, 500, 6)) + labels[None, :, None] * np.array([1.0, -2.0])[:, None, None]
+    queries = rng.normal(size=(2, 30, 6)) * 2
+    per_member = []
+    for m in range(2):
+        means = np.stack([feats[m, labels == c].mean(0) for c in range(4)])
+        cov = EmpiricalCovariance(assume_centered=True).fit(feats[m] - means[labels])
+        per_member.append(np.min([cov.mahalanobis(queries[m] - mu) for mu in means], axis=0))
+    fitted = Mahalanobis.fit(torch.from_numpy(feats), torch.from_numpy(labels))
+    np.testing.assert_allclose(fitted.score(queries), np.mean(per_member, axis=0), rtol=1e-7)
+    monkeypatch.setattr(posthoc, "CHUNK_ELEMENTS", 1)  # one sample per chunk: the same scores
+    np.testing.assert_allclose(fitted.score(queries), np.mean(per_member, axis=0), rtol=1e-7)
+    with pytest.raises(Exception, match="features"):
+        fitted(torch.zeros(3, 30, 6))  # three members' features for a two-member fit
 
 
 @pytest.mark.parametrize("k", [1, 5])

@@ -11,7 +11,7 @@ import compressor
 from compressor.core.masks import HeadMask
 from compressor.data import digits_bundle, digits_preprocessing
 from compressor.deploy.export import export_model
-from compressor.uq.calibration import Calibrated
+from compressor.uq.calibrated import Calibrated
 from mergers.hydra import build_hydra
 
 from .conftest import make_vit

@@ -16,7 +16,7 @@ from compressor.data import digits_bundle
 from compressor.deploy.export import export_model
 from compressor.families import family_of
 from compressor.surgery.mlp_units import with_top_units
-from compressor.uq.calibration import Calibrated
+from compressor.uq.calibrated import Calibrated
 from mergers.plain import prune_physically
 
 from .conftest import make_vit

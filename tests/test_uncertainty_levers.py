@@ -79,6 +79,18 @@ def test_ood_objective_matches_a_hand_computed_auroc():
         assert scores[0][h].item() == pytest.approx(worse - expected, abs=1e-6)
 
 
+def test_a_two_part_objective_runs_the_heldout_inputs_once():
+    """'nll+auroc' costs one pass over the held-out batches and one over the outliers, not two."""
+    family = family_of(make_vit("tiny_cls"))
+    heldout = labelled_batches(3, batch=8, seed=1)
+    outliers = [b[0] for b in labelled_batches(2, batch=8, seed=2)]
+    calls = []
+    forward = family.logits
+    family.logits = lambda x: calls.append(len(x)) or forward(x)
+    evaluate_objective(family, heldout, outliers, "nll+auroc")
+    assert calls == [8] * 5  # 3 held-out batches, then 2 outlier batches
+
+
 def test_ood_objective_without_outliers_is_a_clear_error():
     with pytest.raises(InputError, match="needs validation outliers"):
         CircuitImportance("fpr95")(family_of(make_vit()), labelled_batches(1), labelled_batches(1), outliers=None)

@@ -26,14 +26,26 @@ from compressor.core.io import atomic_dir, file_sha256, json_text
 from compressor.core.masks import HeadMask, save_masks
 from compressor.core.registry import names, resolve
 from compressor.core.schema import Field, validate_mapping
-from compressor.core.weights import check_fits, empty_parameters, load_weights, non_finite, save_weights
+from compressor.core.weights import (
+    check_fits,
+    empty_parameters,
+    load_weights,
+    non_finite,
+    save_weights,
+    stored_shapes,
+)
 from compressor.deploy.manifest import verify_manifest, write_manifest
 from compressor.deploy.preprocessing import check_preprocessing
-from compressor.uq.calibration import TEMPERATURE_SCOPES, Calibrated
+from compressor.uq.calibrated import Calibrated
+from compressor.uq.calibration import TEMPERATURE_SCOPES
 from compressor.uq.conformal import CONFORMAL_METHODS
-from compressor.uq.scores import ENSEMBLE_SCORES, OOD_SCORES
+from compressor.uq.features import feature_layers
+from compressor.uq.posthoc import Mahalanobis
+from compressor.uq.scores import ENSEMBLE_SCORES, FEATURE_SCORES, OOD_SCORES
 
 FORMAT = "compressor.export/2"
+FEATURE_SCORE_FILE = "ood_features.safetensors"  # ood score 'mahalanobis': means [M, K, D], precision [M, D, D]
+MAX_FEATURE_DIM = 1 << 14
 
 
 def library_versions() -> dict[str, str]:
@@ -70,9 +82,9 @@ def export_model(
     """
     out_dir = Path(out_dir)
     check_export_location(out_dir)
-    calibration = None
+    calibration, feature_score = None, None
     if isinstance(model, Calibrated):  # the weights are the inner model's; the calibration is config
-        model, calibration = model.model, model.config()
+        model, calibration, feature_score = model.model, model.config(), model.feature_score
     name = merger if merger is not None and ":" not in merger else owning_merger(model)
     merger_cls = resolve("merger", name)
     config = {
@@ -92,6 +104,8 @@ def export_model(
         (tmp / "config.json").write_text(json_text(config))
         if masks:
             save_masks(tmp / "masks.json", masks)
+        if feature_score is not None:  # the Mahalanobis OOD score's class means and precision
+            save_weights(feature_score.state_dict(), tmp / FEATURE_SCORE_FILE, metadata={"format": FORMAT})
         merger_cls.write_extras(model, tmp, masks or [])
         _write_processors(tmp, preprocessing)
         if onnx_input is not None:
@@ -227,7 +241,8 @@ def load_export(path: str | Path, map_location: str = "cpu") -> Calibrated:
     if not path.is_dir():
         raise ExportError(f"{path}: no such export folder")
     cfg_path = path / "config.json"
-    hashes = verify_manifest(path, ["config.json", "model.safetensors"], ["masks.json", "tokenizer"])
+    optional = ["masks.json", "tokenizer", FEATURE_SCORE_FILE]
+    hashes = verify_manifest(path, ["config.json", "model.safetensors"], optional)
     cfg = _check_config(_read_config(path), cfg_path)
     if cfg["weights_sha256"] != hashes["model.safetensors"]:
         raise ExportError(f"{cfg_path}: weights_sha256: differs from manifest.json's sha256 of model.safetensors")
@@ -265,14 +280,16 @@ def load_export(path: str | Path, map_location: str = "cpu") -> Calibrated:
         raise ExportError(f"{path / 'model.safetensors'}: {e}") from e
     calibration = cfg.get("calibration") or {}
     preprocessing = _preprocessing_in(cfg.get("preprocessing"), path)
+    ood = calibration.get("ood") or {}
     wrapped = Calibrated(
         model,
         torch.tensor(calibration.get("temperature", [1.0])),
-        calibration.get("ood"),
+        ood,
         calibration.get("temperature_scope", "ensemble"),
         calibration.get("conformal"),
         class_names=cfg.get("class_names") or [],
         preprocessing=preprocessing,
+        feature_score=_feature_score(path, model, cfg) if ood.get("score") in FEATURE_SCORES else None,
     )
     temperatures = len(calibration.get("temperature", [1.0]))
     if calibration.get("temperature_scope") == "member" and temperatures not in (1, wrapped.members):
@@ -285,6 +302,36 @@ def load_export(path: str | Path, map_location: str = "cpu") -> Calibrated:
     if preprocessing and hasattr(model, "pretrained_cfg"):  # a plain timm model: where timm reads it
         model.pretrained_cfg = {**(model.pretrained_cfg or {}), **wrapped.pretrained_cfg}
     return wrapped.to(map_location).eval()
+
+
+def _feature_score(path: Path, model: nn.Module, cfg: dict) -> Mahalanobis:
+    """The export's Mahalanobis score, its shapes checked against the model before it is built."""
+    file = path / FEATURE_SCORE_FILE
+    if not file.is_file():
+        raise ExportError(f"{file}: missing; calibration.ood.score 'mahalanobis' needs it")
+    members = int(getattr(model, "members", 1))
+    layers = feature_layers(model)
+    dim = getattr(layers[0], "in_features", None)
+    classes = len(cfg.get("class_names") or []) or getattr(layers[0], "out_features", None) or MAX_FEATURE_DIM
+    shapes = stored_shapes(file)
+    m, k, d = shapes["means"] if len(shapes.get("means", ())) == 3 else (0, 0, 0)
+    fits = (
+        set(shapes) == {"means", "precision"}
+        and m == members
+        and 1 <= k <= classes
+        and 1 <= d <= MAX_FEATURE_DIM
+        and (dim is None or d == dim)
+        and shapes["precision"] == (m, d, d)
+    )
+    if not fits:
+        raise ExportError(
+            f"{file}: tensors {shapes}; expected means [{members}, K <= {classes}, {dim or 'D'}] and precision "
+            f"[{members}, {dim or 'D'}, {dim or 'D'}]"
+        )
+    tensors = load_weights(file)
+    if bad := non_finite(tensors):
+        raise WeightsError(f"{file}: {bad[0]}: NaN or inf values; expected finite values")
+    return Mahalanobis(tensors["means"], tensors["precision"])
 
 
 def _preprocessing_in(preprocessing: dict | None, path: Path) -> dict:

@@ -29,7 +29,7 @@ from compressor.core.errors import InputError
 from compressor.core.folders import marked_above
 from compressor.core.io import json_text
 from compressor.core.schema import MAX_BATCH
-from compressor.uq.calibration import Calibrated
+from compressor.uq.calibrated import Calibrated
 from compressor.uq.conformal import prediction_sets
 from compressor.uq.outputs import ensemble_probs, logits_reader
 from compressor.uq.scores import ood_score
@@ -127,9 +127,11 @@ def _rows(
     ood: dict,
     top_k: int,
     conformal: dict | None = None,
+    score: torch.Tensor | None = None,
 ) -> list[dict]:
-    """One row per input from member logits [M, B] and the ensemble prediction `mean` [B, C]
-    (scores in float64, as the calibrate step computed the threshold)."""
+    """One row per input from member logits [M, B] and the ensemble prediction `mean` [B, C];
+    `score`: each input's OOD score for the stored threshold `ood` (float64, as the calibrate step
+    computed the threshold; `Calibrated.scored`)."""
     probs = logits.double().softmax(-1)  # [M, B, C]
     mean = mean.double()
     conf, pred = mean.max(-1)
@@ -138,7 +140,7 @@ def _rows(
     ensemble = probs.shape[0] > 1
     mi = ood_score(probs, "mi") if ensemble else None
     member_pred = probs.argmax(-1)  # [M, B]
-    score = ood_score(probs, ood["score"], mean) if ood else None
+    score = score if ood else None
     method = (conformal or {}).get("method")
     sets = prediction_sets(mean, conformal[method], method) if method else None
     name = lambda c: classes[c] if c < len(classes) else str(c)  # noqa: E731
@@ -202,9 +204,9 @@ def predict_inputs(
     rows: list[dict] = []
     total, batches = _batches(model, inputs, batch_size)
     for names, x in tqdm(batches, total=total, desc="predict", disable=None if progress else True):
-        out = model(x.to(device))
+        out, score = model.scored(x.to(device)) if isinstance(model, Calibrated) else (model(x.to(device)), None)
         logits = read(out)
-        rows += _rows(names, logits, ensemble_probs(out, logits), classes, ood, top_k, conformal)
+        rows += _rows(names, logits, ensemble_probs(out, logits), classes, ood, top_k, conformal, score)
     return rows
 
 

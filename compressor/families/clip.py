@@ -159,6 +159,10 @@ class ZeroShotHead(nn.Module):
         image = self.embed(x)
         return self.logit_scale * (image / image.norm(dim=-1, keepdim=True)) @ self.class_embeds.t()
 
+    def feature_layer(self) -> nn.Module:
+        """The projection, whose input is the pooled feature (feature-based OOD scores read it)."""
+        return self.embed.feature_layer()
+
 
 @register("family", "clip_text")
 class ClipText(ClipTower, TextEncoderFamily):

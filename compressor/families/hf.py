@@ -184,6 +184,10 @@ class PooledHead(nn.Module):
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.classifier(self.pooled(x, key_mask))
 
+    def feature_layer(self) -> nn.Module:
+        """The layer whose input is the pooled feature (feature-based OOD scores read it)."""
+        return self.classifier
+
 
 def save_full_size(family: Family, empty_full: nn.Module, mask: HeadMask, folder: Path) -> None:
     """`save_pretrained` of a head-pruned model as its full-size architecture (`empty_full`),

@@ -68,6 +68,10 @@ class TimmHead(nn.Module):
         x = _vit_class().pool(self, self.norm(x))
         return self.head(self.head_drop(self.fc_norm(x)))
 
+    def feature_layer(self) -> nn.Module:
+        """The layer whose input is the pooled feature (feature-based OOD scores read it)."""
+        return self.head
+
 
 @register("family", "timm_vit")
 class TimmViT(Family):

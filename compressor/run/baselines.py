@@ -8,7 +8,7 @@ from torch import nn
 
 from compressor.families import masked_member
 from compressor.run.context import RunContext
-from compressor.uq.calibration import Calibrated
+from compressor.uq.calibrated import Calibrated
 from compressor.uq.outputs import DeepEnsemble, MCDropout
 
 BASELINES = ("base", "members", "uncalibrated", "deep_ensemble", "mc_dropout")

@@ -14,7 +14,8 @@
   keeps `tpr` (default 95%) of held-out in-distribution samples; `predict` flags samples above it.
   A threshold that accepts every held-out and every validation-outlier input is refused.
 
-`Calibrated` wraps any model with both; the export stores them and `compressor.load` restores them.
+`compressor.uq.calibrated.Calibrated` wraps any model with both; the export stores them and
+`compressor.load` restores them.
 """
 
 from __future__ import annotations
@@ -23,12 +24,11 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
 
-from compressor.core.errors import MetricInputError, OptionError
+from compressor.core.errors import MetricInputError
 from compressor.uq.metric_inputs import check_labels, check_member_logits
 from compressor.uq.metrics import tpr_threshold
-from compressor.uq.outputs import EnsembleOutput, logits_reader
+from compressor.uq.outputs import EnsembleOutput
 
 TEMPERATURE_SCOPES = ("ensemble", "member")
 TEMPERATURE_BOUNDS = (0.05, 20.0)
@@ -264,60 +264,3 @@ def checked_ood_threshold(
         )
         return None, notes
     return threshold, notes
-
-
-class Calibrated(nn.Module):
-    """`model` with a temperature, an OOD threshold (`ood`: {"score", "tpr", "threshold"}, or
-    empty) and conformal thresholds (`conformal`: {"coverage", "method", "lac", "aps"}, or empty)
-    attached. Scope 'ensemble': one temperature on the ensemble's log-probabilities
-    (members' logits untouched); 'member': member logits divided by `temperature` ([M] or [1]).
-    Output: EnsembleOutput whose `probs` is the calibrated ensemble prediction (float64).
-    `class_names` and `preprocessing` are what an export recorded (empty when not known); an
-    image model's preprocessing is also its `pretrained_cfg`, where timm.data.resolve_data_config
-    reads it."""
-
-    def __init__(
-        self,
-        model: nn.Module,
-        temperature: torch.Tensor | float = 1.0,
-        ood: dict | None = None,
-        scope: str = "ensemble",
-        conformal: dict | None = None,
-        class_names: list[str] | None = None,
-        preprocessing: dict | None = None,
-    ) -> None:
-        super().__init__()
-        if scope not in TEMPERATURE_SCOPES:
-            raise OptionError(f"temperature scope: expected one of {', '.join(TEMPERATURE_SCOPES)}, got {scope!r}")
-        self.model = model
-        self.register_buffer("temperature", torch.as_tensor(temperature, dtype=torch.float32).flatten().clone())
-        self.scope = scope
-        self.ood = dict(ood or {})
-        self.conformal = dict(conformal or {})
-        self.class_names = list(class_names or [])
-        self.preprocessing = dict(preprocessing or {})
-        self._read = logits_reader(model)
-
-    @property
-    def pretrained_cfg(self) -> dict:
-        """An image model's recorded preprocessing in timm's spelling (lists as tuples); {} for text."""
-        if self.preprocessing.get("kind") == "text":
-            return {}
-        return {k: tuple(v) if isinstance(v, list) else v for k, v in self.preprocessing.items() if k != "kind"}
-
-    @property
-    def members(self) -> int:
-        """The wrapped model's member count (1 for a single model)."""
-        return int(getattr(self.model, "members", 1))
-
-    def forward(self, x: torch.Tensor) -> EnsembleOutput:
-        return apply_temperature(self._read(self.model(x)), self.temperature, self.scope)
-
-    def config(self) -> dict:
-        """What an export records: the temperatures, their scope, the OOD and conformal thresholds."""
-        return {
-            "temperature": self.temperature.tolist(),
-            "temperature_scope": self.scope,
-            "ood": self.ood,
-            "conformal": self.conformal or None,
-        }

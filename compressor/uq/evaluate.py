@@ -14,7 +14,7 @@ from compressor.core.errors import MetricInputError
 from compressor.core.io import atomic_write_text, json_text
 from compressor.core.modes import evaluating
 from compressor.data.bundle import DataBundle
-from compressor.uq.calibration import Calibrated
+from compressor.uq.calibrated import Calibrated
 from compressor.uq.conformal import (
     CONFORMAL_METHODS,
     DEFAULT_COVERAGE,
@@ -22,8 +22,9 @@ from compressor.uq.conformal import (
     fit_conformal,
     prediction_sets,
 )
+from compressor.uq.features import predict_features
 from compressor.uq.inference import predict
-from compressor.uq.metrics import classification_report, ood_report
+from compressor.uq.metrics import aupr, auroc, classification_report, fpr_at_tpr, ood_report
 
 SUMMARY_COLUMNS = [
     ("acc", "accuracy"),
@@ -35,6 +36,8 @@ SUMMARY_COLUMNS = [
     ("AUPR", "aupr_msp"),
     ("FPR95", "fpr95_msp"),
     ("AUROC(MI)", "auroc_mi"),
+    ("AUROC(Maha)", "auroc_mahalanobis"),
+    ("FPR95(Maha)", "fpr95_mahalanobis"),
     ("AUROC near", "auroc_near"),
     ("AUROC far", "auroc_far"),
     ("AURC", "aurc"),
@@ -104,6 +107,14 @@ def conformal_test_report(model: nn.Module, data: DataBundle, test, batch_size: 
     return out
 
 
+def _feature_scorer(model: nn.Module, batch_size: int):
+    """For a model calibrated with a feature-based OOD score (Mahalanobis): dataset -> its scores
+    as `Calibrated.scored` computes them; else None."""
+    if not isinstance(model, Calibrated) or model.feature_score is None:
+        return None
+    return lambda ds: model.feature_score(predict_features(model.model, ds, batch_size, model.members)[0]).numpy()
+
+
 def evaluate_model(
     model: nn.Module,
     data: DataBundle,
@@ -127,9 +138,19 @@ def evaluate_model(
     }
     if keep is not None:
         keep["test"], keep["ood"] = (test.probs, test.labels), {}
+    features = _feature_scorer(model, batch_size)
+    s_test = features(data.test) if features else None
     for name, ds in data.ood.items():
         outside = predict(model, ds, batch_size)
         out["ood"][name] = ood_report(test.member_probs, outside.member_probs, test.probs, outside.probs)
+        if features:
+            s_out = features(ds)
+            score = model.ood["score"]
+            out["ood"][name] |= {
+                f"auroc_{score}": auroc(s_test, s_out),
+                f"aupr_{score}": aupr(s_test, s_out),
+                f"fpr95_{score}": fpr_at_tpr(s_test, s_out),
+            }
         if keep is not None:
             keep["ood"][name] = outside.probs
     for name, ds in data.shift.items():

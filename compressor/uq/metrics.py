@@ -308,7 +308,11 @@ def ood_report(member_probs_in, member_probs_out, probs_in=None, probs_out=None)
     entropy of the ensemble prediction, by default the members' mean; MI of the members for
     ensembles), computed chunk by chunk."""
     mi, mo = check_member_probs(member_probs_in, "ood_report"), check_member_probs(member_probs_out, "ood_report")
-    names = [n for n in scores.OOD_SCORES if n not in scores.ENSEMBLE_SCORES or len(mi) > 1]
+    names = [
+        n
+        for n in scores.OOD_SCORES
+        if n not in scores.FEATURE_SCORES and (n not in scores.ENSEMBLE_SCORES or len(mi) > 1)
+    ]
 
     def per_sample(mp: np.ndarray, probs) -> dict[str, np.ndarray]:
         parts: dict[str, list] = {n: [] for n in names}

@@ -62,6 +62,12 @@ class DeepEnsemble(nn.Module):
     def forward(self, x: torch.Tensor) -> EnsembleOutput:
         return EnsembleOutput.from_logits(torch.stack([r(m(x))[0] for m, r in zip(self.models, self._readers)]))
 
+    def feature_layers(self) -> list[nn.Module]:
+        """Each model's classifier: the layer whose input is its pooled feature."""
+        from compressor.families import family_of
+
+        return [family_of(m).classifier() for m in self.models]
+
 
 class MCDropout(nn.Module):
     """Monte Carlo dropout: `samples` stochastic passes with dropout on (and the rest in eval)."""

@@ -11,8 +11,9 @@ import torch
 from compressor.core.errors import OptionError
 
 EPS = 1e-12
-OOD_SCORES = ("msp", "entropy", "mi")  # the names a recipe and an export use
+OOD_SCORES = ("msp", "entropy", "mi", "mahalanobis")  # the names a recipe and an export use
 ENSEMBLE_SCORES = ("mi",)  # need more than one member
+FEATURE_SCORES = ("mahalanobis",)  # read pooled features, not probabilities (compressor.uq.posthoc)
 
 
 def max_prob(probs: torch.Tensor) -> torch.Tensor:
@@ -45,4 +46,6 @@ def ood_score(member_probs: torch.Tensor, score: str, probs: torch.Tensor | None
         return entropy(p)
     if score == "mi":
         return mutual_information(member_probs)
+    if score in FEATURE_SCORES:
+        raise OptionError(f"ood score: '{score}' reads pooled features, not probabilities (see Calibrated.scored)")
     raise OptionError(f"ood score: expected one of {', '.join(OOD_SCORES)}, got '{score}'")

@@ -242,6 +242,11 @@ class HydraModel(nn.Module):
     def forward(self, inputs: torch.Tensor) -> EnsembleOutput:
         return EnsembleOutput.from_logits(self.forward_member_logits(inputs))
 
+    def feature_layers(self) -> list[nn.Module]:
+        """The layers whose input is the pooled feature: one per member, or one shared layer that
+        sees every member's features as [M * B, D] (member-major)."""
+        return [head.feature_layer() for head in self.heads]
+
     def padding_violations(self) -> list[str]:
         """Grouped layers whose padding (weights outside every member's heads or units) is not
         zero: weights that do not fit the spec's head counts or MLP widths."""

@@ -11,14 +11,15 @@ temperature fitted there barely bends exchangeability). The report line says wha
 from __future__ import annotations
 
 import torch
+from torch.utils.data import Subset
 
 from compressor.core.errors import InputError, MetricInputError
 from compressor.core.schema import NUM, Field
 from compressor.run.context import RunContext
 from compressor.run.steps.base import needs_earlier, register_step
+from compressor.uq.calibrated import Calibrated
 from compressor.uq.calibration import (
     CHECK_FOLDS,
-    Calibrated,
     TemperatureFit,
     apply_temperature,
     calibrated_probs,
@@ -32,9 +33,11 @@ from compressor.uq.conformal import (
     fit_conformal,
     prediction_sets,
 )
+from compressor.uq.features import predict_features
 from compressor.uq.inference import predict_logits
 from compressor.uq.metrics import accuracy, ece, nll
-from compressor.uq.scores import OOD_SCORES, ood_score
+from compressor.uq.posthoc import Mahalanobis
+from compressor.uq.scores import FEATURE_SCORES, OOD_SCORES, ood_score
 
 SCHEMA = {
     "temperature": Field((bool,), True, doc="fit temperature scaling on the held-out split (kept only if it helps)"),
@@ -43,6 +46,12 @@ SCHEMA = {
     ),
     "ood_score": Field((str,), "msp", choices=OOD_SCORES, doc="score the stored OOD threshold applies to"),
     "ood_tpr": Field(NUM, 0.95, check=lambda v: None if 0 < v < 1 else "a number in (0, 1)"),
+    "feature_samples": Field(
+        (int,),
+        20000,
+        check=lambda v: None if v >= 2 else "an integer >= 2",
+        doc="ood_score mahalanobis: train samples (a seeded subset) its class means and covariance are fitted on",
+    ),
     "conformal_coverage": Field(
         (int, float, type(None)),
         DEFAULT_COVERAGE,
@@ -70,6 +79,27 @@ def _scores(logits: torch.Tensor, temperature: torch.Tensor, scope: str, score: 
     """OOD scores of the calibrated model's outputs, exactly as `predict` computes them."""
     out = apply_temperature(logits, temperature, scope)
     return ood_score(out.member_logits.double().softmax(-1), score, out.probs)
+
+
+def _fit_mahalanobis(ctx: RunContext, model: torch.nn.Module, cfg: dict) -> Mahalanobis:
+    """Class means and a shared covariance per member, on the pooled features of (a seeded subset
+    of) the train split."""
+    train = ctx.data.train
+    if len(train) > cfg["feature_samples"]:
+        pick = torch.randperm(len(train), generator=torch.Generator().manual_seed(ctx.recipe.seed))
+        train = Subset(train, pick[: cfg["feature_samples"]].sort().values.tolist())
+    members = int(getattr(model, "members", 1))
+    features, labels = predict_features(model, train, ctx.recipe.data["batch_size"], members)
+    try:
+        return Mahalanobis.fit(features, labels)
+    except MetricInputError as e:
+        raise InputError(f"calibrate.ood_score: mahalanobis: {str(e).split(': ', 1)[-1]}") from e
+
+
+def _feature_scores(model: torch.nn.Module, score: Mahalanobis, dataset, batch_size: int) -> torch.Tensor:
+    """Mahalanobis scores over `dataset`, from the same pooled features `Calibrated.scored` reads."""
+    features, _ = predict_features(model, dataset, batch_size, int(getattr(model, "members", 1)))
+    return score(features)
 
 
 def _line(fit: TemperatureFit | None, report: dict, ood: dict, notes: list[str]) -> str:
@@ -119,15 +149,21 @@ def calibrate(ctx: RunContext, cfg: dict) -> None:
         fit_checked_temperature(logits, labels, cfg["per_member"], seed=ctx.recipe.seed) if cfg["temperature"] else None
     )
     temperature = fit.temperature if fit is not None else torch.ones(1)
-    scores = _scores(logits, temperature, scope, cfg["ood_score"])
-    outliers = None
-    if ctx.data.ood_val is not None:
-        outlier_logits, _ = predict_logits(model, ctx.data.ood_val, batch_size)
-        outliers = _scores(outlier_logits, temperature, scope, cfg["ood_score"])
+    feature_score = _fit_mahalanobis(ctx, model, cfg) if cfg["ood_score"] in FEATURE_SCORES else None
+
+    def score_of(data) -> torch.Tensor:  # exactly what Calibrated.scored gives
+        if feature_score is not None:
+            return _feature_scores(model, feature_score, data, batch_size)
+        return _scores(predict_logits(model, data, batch_size)[0], temperature, scope, cfg["ood_score"])
+
+    scores = (
+        score_of(ctx.data.val) if feature_score is not None else _scores(logits, temperature, scope, cfg["ood_score"])
+    )
+    outliers = score_of(ctx.data.ood_val) if ctx.data.ood_val is not None else None
     threshold, ood_notes = checked_ood_threshold(scores, cfg["ood_tpr"], outliers)
     ood = {} if threshold is None else {"score": cfg["ood_score"], "tpr": float(cfg["ood_tpr"]), "threshold": threshold}
     conformal, conformal_notes = _conformal(apply_temperature(logits, temperature, scope).probs, labels, cfg)
-    ctx.merged = Calibrated(model, temperature, ood, scope, conformal)
+    ctx.merged = Calibrated(model, temperature, ood, scope, conformal, feature_score=feature_score if ood else None)
     report = {
         name: {"accuracy": accuracy(p, labels), "nll": nll(p, labels), "ece": ece(p, labels)}
         for name, p in (
