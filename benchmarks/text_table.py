@@ -105,8 +105,7 @@ def with_means(row: dict) -> dict:
 def ensemble_mahalanobis_row(raw: dict, seed: int, folder: Path) -> dict:
     """The Deep Ensemble (bases of seeds s, s+1, s+2) with the Mahalanobis score fitted per member
     on the train split, as the calibrate step fits it for a fused model."""
-    from compressor.uq.features import predict_features
-    from compressor.uq.inference import predict
+    from compressor.uq.inference import predict_with_features
     from compressor.uq.metrics import classification_report
     from compressor.uq.outputs import DeepEnsemble
 
@@ -118,13 +117,13 @@ def ensemble_mahalanobis_row(raw: dict, seed: int, folder: Path) -> dict:
         bases.append(ctx.base)
     data, bs = ctx.data, raw["data"]["batch_size"]
     ensemble = DeepEnsemble(bases)
-    features = lambda ds: predict_features(ensemble, ds, bs, len(bases))  # noqa: E731
-    score = Mahalanobis.fit(*features(data.train))
-    test = predict(ensemble, data.test, bs)
+    train, features = predict_with_features(ensemble, data.train, bs)
+    score = Mahalanobis.fit(features, train.labels)
+    test, features = predict_with_features(ensemble, data.test, bs)
     row = classification_report(test.member_probs, test.labels, test.probs)
-    s_in = score(features(data.test)[0]).numpy()
+    s_in = score(features).numpy()
     for name, ds in data.ood.items():
-        s_out = score(features(ds)[0]).numpy()
+        s_out = score(predict_with_features(ensemble, ds, bs)[1]).numpy()
         row[f"auroc/{name}"], row[f"fpr95/{name}"] = auroc(s_in, s_out), fpr_at_tpr(s_in, s_out)
     return with_means(
         {k: v for k, v in row.items() if isinstance(v, float)} | {"flops_ratio": 3.0, "params_ratio": 3.0}

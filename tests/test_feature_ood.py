@@ -20,7 +20,8 @@ from compressor.core.errors import ExportError, WeightsError
 from compressor.core.masks import HeadMask
 from compressor.deploy.manifest import write_manifest
 from compressor.run.cli import main
-from compressor.uq.features import captured_features, predict_features
+from compressor.uq.features import captured_features
+from compressor.uq.inference import predict_with_features
 from compressor.uq.outputs import DeepEnsemble
 from compressor.uq.posthoc import logits_and_features
 from mergers.hydra import build_hydra
@@ -45,9 +46,9 @@ def test_fused_features_equal_each_member_run_alone_in_chunks(fine_tuned):
     assert (len(fused.feature_layers()) == 2) == fine_tuned
     fused.inference_chunk_bytes = 1  # one sample per chunk: the hooks see 7 calls per layer
     x = torch.randn(7, 1, 16, 16)
-    with torch.no_grad(), captured_features(fused, 2) as capture:
+    with torch.no_grad(), captured_features(fused) as capture:
         fused(x)
-        feats = capture.take()
+        feats = capture.take(2)
     family = compressor.families.family_of(vit)
     for i, mask in enumerate(MASKS):
         if fine_tuned:
@@ -61,8 +62,8 @@ def test_fused_features_equal_each_member_run_alone_in_chunks(fine_tuned):
 def test_deep_ensemble_features_are_each_model_s_own():
     models = [make_vit("tiny_cls", seed=s).eval() for s in (0, 1)]
     x = torch.randn(5, 1, 16, 16)
-    feats, labels = predict_features(DeepEnsemble(models), TensorDataset(x), batch_size=2, members=2)
-    assert labels is None and feats.shape[:2] == (2, 5)
+    predictions, feats = predict_with_features(DeepEnsemble(models), TensorDataset(x), batch_size=2)
+    assert predictions.labels is None and feats.shape[:2] == (2, 5)
     for i, m in enumerate(models):
         torch.testing.assert_close(feats[i], _alone(m, x), atol=1e-6, rtol=1e-6)
 
@@ -102,7 +103,7 @@ def test_calibrate_fits_mahalanobis_and_predict_flags_by_it(mahalanobis_run, tmp
     # independent: the members' features, then the distance written out per class and member
     x = torch.stack([torch.tensor(np.array(Image.open(p)), dtype=torch.float32) for p in imgs])
     x = ((x[:, None] / 255.0) - 0.3) / 0.4
-    feats, _ = predict_features(model.model, TensorDataset(x), batch_size=len(x), members=3)  # as predict batches
+    feats = predict_with_features(model.model, TensorDataset(x), batch_size=len(x))[1]  # as predict batches
     means, precision = model.feature_score.means.numpy(), model.feature_score.precision.numpy()
     f = feats.double().numpy()
     expected = np.mean(

@@ -12,7 +12,7 @@ from torch import nn
 
 from compressor.core.errors import OptionError
 from compressor.uq.calibration import TEMPERATURE_SCOPES, apply_temperature
-from compressor.uq.features import captured_features
+from compressor.uq.features import captured_features, feature_layers
 from compressor.uq.outputs import EnsembleOutput, logits_reader
 from compressor.uq.posthoc import Mahalanobis
 from compressor.uq.scores import FEATURE_SCORES, ood_score
@@ -80,9 +80,13 @@ class Calibrated(nn.Module):
             return out, None if score is None else ood_score(out.member_logits.double().softmax(-1), score, out.probs)
         if self.feature_score is None:
             raise OptionError(f"Calibrated.scored: '{score}' needs a fitted feature score (calibrate step)")
-        with captured_features(self.model, self.members) as capture:
+        with captured_features(self) as capture:
             out = self(x)
-        return out, self.feature_score(capture.take())
+        return out, self.feature_score(capture.take(self.members))
+
+    def feature_layers(self) -> list[nn.Module]:
+        """The wrapped model's classifier layer(s), whose input is the pooled feature."""
+        return feature_layers(self.model)
 
     def config(self) -> dict:
         """What an export records: the temperatures, their scope, the OOD and conformal thresholds."""

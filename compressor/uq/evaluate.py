@@ -22,8 +22,7 @@ from compressor.uq.conformal import (
     fit_conformal,
     prediction_sets,
 )
-from compressor.uq.features import predict_features
-from compressor.uq.inference import predict
+from compressor.uq.inference import predict, predict_with_features
 from compressor.uq.metrics import aupr, auroc, classification_report, fpr_at_tpr, ood_report
 
 SUMMARY_COLUMNS = [
@@ -107,14 +106,6 @@ def conformal_test_report(model: nn.Module, data: DataBundle, test, batch_size: 
     return out
 
 
-def _feature_scorer(model: nn.Module, batch_size: int):
-    """For a model calibrated with a feature-based OOD score (Mahalanobis): dataset -> its scores
-    as `Calibrated.scored` computes them; else None."""
-    if not isinstance(model, Calibrated) or model.feature_score is None:
-        return None
-    return lambda ds: model.feature_score(predict_features(model.model, ds, batch_size, model.members)[0]).numpy()
-
-
 def evaluate_model(
     model: nn.Module,
     data: DataBundle,
@@ -128,7 +119,15 @@ def evaluate_model(
     `keep`, when given, receives the ensemble probabilities behind them (for plots): keep["test"] =
     (probs, labels), keep["ood"][name] = probs. Conformal sets: `conformal_test_report`.
     """
-    test = predict(model, data.test, batch_size)
+    score = model.ood["score"] if isinstance(model, Calibrated) and model.feature_score is not None else None
+
+    def predicted(ds):  # the predictions, and a feature-based OOD score read in the same passes
+        if score is None:
+            return predict(model, ds, batch_size), None
+        predictions, features = predict_with_features(model, ds, batch_size)
+        return predictions, model.feature_score(features).numpy()
+
+    test, s_test = predicted(data.test)
     out: dict = {
         "test": classification_report(test.member_probs, test.labels, test.probs)
         | conformal_test_report(model, data, test, batch_size, coverage),
@@ -138,14 +137,10 @@ def evaluate_model(
     }
     if keep is not None:
         keep["test"], keep["ood"] = (test.probs, test.labels), {}
-    features = _feature_scorer(model, batch_size)
-    s_test = features(data.test) if features else None
     for name, ds in data.ood.items():
-        outside = predict(model, ds, batch_size)
+        outside, s_out = predicted(ds)
         out["ood"][name] = ood_report(test.member_probs, outside.member_probs, test.probs, outside.probs)
-        if features:
-            s_out = features(ds)
-            score = model.ood["score"]
+        if score:
             out["ood"][name] |= {
                 f"auroc_{score}": auroc(s_test, s_out),
                 f"aupr_{score}": aupr(s_test, s_out),

@@ -4,7 +4,8 @@ Feature-based OOD scores (Mahalanobis) need the feature each member classifies, 
 single model has one classifier (its family's), a fused Hydra model and a Deep Ensemble declare
 theirs with `feature_layers()` (one per member, or one shared layer that sees every member's
 features as [M * B, D], member-major). Hooks read them during the ordinary forward pass, so
-features cost no second pass and match the logits exactly, chunked CPU inference included.
+features cost no second pass and match the logits exactly, chunked CPU inference included
+(`compressor.uq.inference.predict_with_features` over a dataset).
 """
 
 from __future__ import annotations
@@ -14,13 +15,8 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset
 
-from compressor.core.device import model_device
-from compressor.core.distributed import gather_sampled
 from compressor.core.errors import InputError
-from compressor.core.modes import evaluating
-from compressor.data.bundle import loader
 
 
 def feature_layers(model: nn.Module) -> list[nn.Module]:
@@ -36,17 +32,16 @@ def feature_layers(model: nn.Module) -> list[nn.Module]:
 class FeatureCapture:
     """What the hooks saw since the last `take()`, assembled as [M, B, D]."""
 
-    def __init__(self, layers: int, members: int) -> None:
-        if layers not in (1, members):
-            raise InputError(f"features: {layers} classifier layers for {members} members; expected 1 or {members}")
-        self.members = members
+    def __init__(self, layers: int) -> None:
         self.seen: list[list[torch.Tensor]] = [[] for _ in range(layers)]
 
-    def take(self) -> torch.Tensor:
+    def take(self, members: int) -> torch.Tensor:
         """The features of every input since the last call, [M, B, D] (float32), then forgotten."""
+        layers, m = len(self.seen), members
+        if layers not in (1, m):
+            raise InputError(f"features: {layers} classifier layers for {m} members; expected 1 or {m}")
         if not all(self.seen):
             raise InputError("features: the classifier layer never ran (a model without a classifier has no features)")
-        m = self.members
         if len(self.seen) == 1:  # one shared layer: each call saw [M * b, D] (or [b, D] for one member)
             out = torch.cat([f.float().reshape(m, -1, f.shape[-1]) for f in self.seen[0]], dim=1)
         else:
@@ -56,10 +51,10 @@ class FeatureCapture:
 
 
 @contextmanager
-def captured_features(model: nn.Module, members: int) -> Iterator[FeatureCapture]:
+def captured_features(model: nn.Module) -> Iterator[FeatureCapture]:
     """Within the block, every forward pass of `model` records its members' pooled features."""
     layers = feature_layers(model)
-    capture = FeatureCapture(len(layers), members)
+    capture = FeatureCapture(len(layers))
     hooks = [
         layer.register_forward_hook(lambda module, args, out, i=i: capture.seen[i].append(args[0].detach()))
         for i, layer in enumerate(layers)
@@ -69,22 +64,3 @@ def captured_features(model: nn.Module, members: int) -> Iterator[FeatureCapture
     finally:
         for hook in hooks:
             hook.remove()
-
-
-@torch.no_grad()
-def predict_features(
-    model: nn.Module, dataset: Dataset, batch_size: int, members: int
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Members' pooled features [M, N, D] over `dataset` in dataset order, and its labels when it
-    has them (gathered across ranks under torch.distributed, the sampler's padding dropped)."""
-    device = model_device(model)
-    parts, labels = [], []
-    with evaluating(model), captured_features(model, members) as capture:
-        for batch in loader(dataset, batch_size):
-            model(batch[0].to(device))
-            parts.append(capture.take())
-            if len(batch) > 1:
-                labels.append(batch[1].to(device))
-    n = len(dataset)
-    features = gather_sampled(torch.cat(parts, dim=1).to(device), n, dim=1).cpu()
-    return features, gather_sampled(torch.cat(labels), n).cpu() if labels else None

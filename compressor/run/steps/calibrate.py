@@ -33,8 +33,7 @@ from compressor.uq.conformal import (
     fit_conformal,
     prediction_sets,
 )
-from compressor.uq.features import predict_features
-from compressor.uq.inference import predict_logits
+from compressor.uq.inference import predict_logits, predict_with_features
 from compressor.uq.metrics import accuracy, ece, nll
 from compressor.uq.posthoc import Mahalanobis
 from compressor.uq.scores import FEATURE_SCORES, OOD_SCORES, ood_score
@@ -88,18 +87,16 @@ def _fit_mahalanobis(ctx: RunContext, model: torch.nn.Module, cfg: dict) -> Maha
     if len(train) > cfg["feature_samples"]:
         pick = torch.randperm(len(train), generator=torch.Generator().manual_seed(ctx.recipe.seed))
         train = Subset(train, pick[: cfg["feature_samples"]].sort().values.tolist())
-    members = int(getattr(model, "members", 1))
-    features, labels = predict_features(model, train, ctx.recipe.data["batch_size"], members)
+    predictions, features = predict_with_features(model, train, ctx.recipe.data["batch_size"])
     try:
-        return Mahalanobis.fit(features, labels)
+        return Mahalanobis.fit(features, predictions.labels)
     except MetricInputError as e:
         raise InputError(f"calibrate.ood_score: mahalanobis: {str(e).split(': ', 1)[-1]}") from e
 
 
 def _feature_scores(model: torch.nn.Module, score: Mahalanobis, dataset, batch_size: int) -> torch.Tensor:
     """Mahalanobis scores over `dataset`, from the same pooled features `Calibrated.scored` reads."""
-    features, _ = predict_features(model, dataset, batch_size, int(getattr(model, "members", 1)))
-    return score(features)
+    return score(predict_with_features(model, dataset, batch_size)[1])
 
 
 def _line(fit: TemperatureFit | None, report: dict, ood: dict, notes: list[str]) -> str:
