@@ -6,11 +6,13 @@ sentinel tree's checksum, the run folder included where the run was refused befo
 
 import copy
 import pickle
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from safetensors.torch import load_file, save_file
 
 from compressor.core.folders import write_marker
 from compressor.core.weights import save_weights
@@ -103,6 +105,51 @@ def _bomb(root: Path) -> None:
 
 def _fake(root: Path) -> None:
     (root / "val" / "horizontal" / "0.png").write_text("not an image")
+
+
+def _hf_folder(weights: str):
+    """A setup: a `source: hf` recipe on a small BERT folder `enc/` (MiniLM's tokenizer) whose
+    weights are `weights`: safetensors (good), nan, shape, missing, pickle (code on load) or state-dict (a
+    pickled state dict in pytorch_model.bin, the file transformers would torch.load itself)."""
+
+    def setup(t: Path, recipe: dict) -> list[str]:
+        from transformers import BertConfig, BertModel
+
+        from compressor.data.text import minilm_path
+
+        folder = t / "enc"
+        config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+        BertModel(config).save_pretrained(folder)
+        for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+            if (minilm_path() / name).is_file():
+                shutil.copy(minilm_path() / name, folder / name)
+        state = load_file(folder / "model.safetensors")
+        if weights == "nan":
+            state["embeddings.word_embeddings.weight"][0, 0] = float("nan")
+        if weights == "shape":
+            state["encoder.layer.0.attention.self.query.weight"] = torch.zeros(16, 32)
+        if weights == "missing":
+            del state["encoder.layer.1.output.dense.weight"]
+        if weights in ("nan", "shape", "missing"):
+            save_file(state, folder / "model.safetensors")
+        if weights in ("pickle", "state-dict"):
+            (folder / "model.safetensors").unlink()
+            payload = pickle.dumps(Pwn()) if weights == "pickle" else None
+            if payload is None:
+                torch.save(state, folder / "pytorch_model.bin")
+            else:
+                (folder / "pytorch_model.bin").write_bytes(payload)
+        recipe["model"] = {"source": "hf", "name": str(folder)}
+        recipe["data"] = {
+            "source": "text",
+            "task": "topics",
+            "max_samples": 40,
+            "max_length": 16,
+            "calibration_samples": 16,
+        }
+        return []
+
+    return setup
 
 
 # (id, setup(tmp folder, recipe) -> extra argv, commands, texts of the one line)
@@ -218,12 +265,26 @@ RUN_CASES = [
         BOTH,
         ["steps[2].calibrate"],
     ),
+    (
+        "mahalanobis-no-classifier",
+        _both(
+            _key("steps", lambda t: [*copy.deepcopy(RECIPE["steps"][:2]), {"calibrate": {"ood_score": "mahalanobis"}}]),
+            _key("model.kwargs.num_classes", 0),
+        ),
+        BOTH,
+        ["steps[2].calibrate", "ood_score: 'mahalanobis' reads the pooled features", "classifier is Identity"],
+    ),
     ("data-link-loop", _images(_link("train/horizontal/loop", "train")), BOTH, ["data.root:", "a link loop"]),
     ("data-link-outside", _images(_link("train/horizontal/x.png", "/etc/hostname")), BOTH, ["outside"]),
     ("data-duplicate", _images(_link("val/vertical/dup.png", "train/horizontal/1.png")), BOTH, ["the same file"]),
     ("data-bomb", _images(_bomb), BOTH, ["0.png: too large to decode; expected at most 67,108,864 pixels"]),
     ("data-fake-image", _images(_fake), BOTH, ["0.png: not a readable image"]),
     ("hf-kwargs", _both(_key("model.source", "hf"), _key("model.kwargs", {"x": 1})), BOTH, ["source: hf model takes"]),
+    ("hf-folder-pickle", _hf_folder("pickle"), BOTH, ["model.name: cannot load", "expected a folder", "safetensors"]),
+    ("hf-folder-pickled-state-dict", _hf_folder("state-dict"), BOTH, ["model.name: cannot load", "never loaded"]),
+    ("hf-folder-nan", _hf_folder("nan"), BOTH, ["model.name:", "enc': weights hold NaN", "word_embeddings"]),
+    ("hf-folder-missing", _hf_folder("missing"), BOTH, ["model.name:", "weights missing", "1.output.dense.weight"]),
+    ("hf-folder-wrong-shape", _hf_folder("shape"), BOTH, ["model.name:", "shapes do not fit", "query.weight"]),
 ]
 
 
@@ -234,6 +295,7 @@ def test_hostile_runs_fail_before_work_in_one_line(case, tmp_path, monkeypatch, 
     (tmp_path / "runs").mkdir()  # the runs folder exists, as after a first run
     recipe = copy.deepcopy(RECIPE)
     extra = setup(tmp_path, recipe)
+    capsys.readouterr()  # what a setup printed (transformers' save bars) is not the command's
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(recipe))
     for command in commands:
@@ -262,3 +324,15 @@ def test_overwrite_replaces_only_what_a_marked_run_wrote(tmp_path, monkeypatch, 
     assert (tmp_path / OUT / "notes.txt").read_text() == "mine"
     assert (tmp_path / OUT / "masks.json").stat().st_mtime_ns != before
     capsys.readouterr()
+
+
+def test_hf_folder_with_safetensors_validates(tmp_path, monkeypatch, capsys):
+    """The control for the hf-folder cases: the same small folder with sound safetensors weights passes."""
+    monkeypatch.chdir(tmp_path)
+    recipe = copy.deepcopy(RECIPE)
+    _hf_folder("safetensors")(tmp_path, recipe)
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    from compressor.run.cli import main
+
+    assert main(["validate", str(path)]) == 0, capsys.readouterr().err

@@ -8,11 +8,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 
-from compressor.core.errors import InputError
+from compressor.core.errors import WeightsError
 from compressor.core.modes import evaluating
+from compressor.core.weights import non_finite
 
 
 class MeanPoolClassifier(nn.Module):
@@ -34,18 +38,57 @@ class MeanPoolClassifier(nn.Module):
         return self.head((states * m).sum(1) / m.sum(1).clamp_min(1.0))
 
 
+@contextmanager
+def _transformers_quiet() -> Iterator[None]:
+    """No progress bars or load reports from transformers: what goes wrong is raised here, in one line."""
+    from transformers.utils import logging as hf_logging
+
+    bars, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+        hf_logging.set_verbosity(verbosity)
+
+
 def load_text_classifier(path: str, num_classes: int) -> MeanPoolClassifier:
     """A transformers encoder (local folder or hub name) with a new mean-pool class head; the
-    padding id comes from the model's own tokenizer."""
+    padding id comes from the model's own tokenizer.
+
+    Only safetensors weights are read (a pickled `pytorch_model.bin` is never opened), no code the
+    folder names is run, and weights that do not fit the architecture (which transformers would
+    re-initialise with a warning), are missing or hold NaN or infinity are refused, as for any
+    weights file. Missing pooler weights are allowed: the mean-pool head never uses the pooler.
+    """
     from transformers import AutoModel, AutoTokenizer
 
     try:
-        encoder = AutoModel.from_pretrained(path)
-        pad = AutoTokenizer.from_pretrained(path).pad_token_id or 0
-    except OSError as e:
-        raise InputError(
-            f"model.name: cannot load transformers model '{path}' ({e.__class__.__name__}: {str(e).splitlines()[0]})"
+        with _transformers_quiet():
+            encoder, info = AutoModel.from_pretrained(
+                path,
+                use_safetensors=True,
+                trust_remote_code=False,
+                output_loading_info=True,
+                ignore_mismatched_sizes=True,  # reported in `info`, refused below with the tensor names
+            )
+            pad = AutoTokenizer.from_pretrained(path, trust_remote_code=False).pad_token_id or 0
+    except (OSError, ValueError, RuntimeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise WeightsError(
+            f"model.name: cannot load transformers model '{path}' ({e.__class__.__name__}: {first}); "
+            "expected a folder or hub name with model.safetensors (pickled .bin weights are never loaded)"
         ) from e
+    mismatched = [str(k[0] if isinstance(k, tuple) else k) for k in info.get("mismatched_keys") or []]
+    missing = [k for k in info.get("missing_keys") or [] if not k.startswith("pooler.")]
+    if mismatched or missing:
+        kind, keys = ("shapes do not fit the architecture", mismatched) if mismatched else ("missing", missing)
+        raise WeightsError(f"model.name: '{path}': weights {kind} ({', '.join(sorted(keys)[:3])})")
+    bad = non_finite(encoder.state_dict())
+    if bad:
+        raise WeightsError(f"model.name: '{path}': weights hold NaN or infinity ({', '.join(bad[:3])})")
     return MeanPoolClassifier(encoder, num_classes, pad)
 
 

@@ -67,6 +67,14 @@ def predict_logits(
     return logits, labels
 
 
+def predict_logits_and_features(
+    model: nn.Module, dataset: Dataset, batch_size: int = 256
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """`predict_logits` and the members' pooled features [M, N, D] from the same forward passes."""
+    logits, _, labels, features = _outputs(model, dataset, batch_size, features=True)
+    return logits, labels, features
+
+
 def predict(model: nn.Module, dataset: Dataset, batch_size: int = 256) -> Predictions:
     """Member probabilities, the model's ensemble prediction and the labels over `dataset`."""
     logits, probs, labels, _ = _outputs(model, dataset, batch_size)

@@ -15,6 +15,7 @@ from torch.utils.data import Subset
 
 from compressor.core.errors import InputError, MetricInputError
 from compressor.core.schema import NUM, Field
+from compressor.families import Family
 from compressor.run.context import RunContext
 from compressor.run.steps.base import needs_earlier, register_step
 from compressor.uq.calibrated import Calibrated
@@ -33,7 +34,7 @@ from compressor.uq.conformal import (
     fit_conformal,
     prediction_sets,
 )
-from compressor.uq.inference import predict_logits, predict_with_features
+from compressor.uq.inference import predict_logits, predict_logits_and_features, predict_with_features
 from compressor.uq.metrics import accuracy, ece, nll
 from compressor.uq.posthoc import Mahalanobis
 from compressor.uq.scores import FEATURE_SCORES, OOD_SCORES, ood_score
@@ -133,12 +134,26 @@ def _check(cfg: dict, earlier: list, later: list) -> str | None:
     return None
 
 
-@register_step("calibrate", SCHEMA, check=_check)
+def _preflight(cfg: dict, family: Family) -> None:
+    """A feature-based OOD score reads the input of the model's classifier layer: there must be one."""
+    if cfg["ood_score"] in FEATURE_SCORES and not isinstance(family.classifier(), torch.nn.Linear):
+        kind = type(family.classifier()).__name__
+        raise InputError(
+            f"ood_score: '{cfg['ood_score']}' reads the pooled features a Linear classifier takes; "
+            f"this model's classifier is {kind} (a model without a class head has no features to score)"
+        )
+
+
+@register_step("calibrate", SCHEMA, check=_check, preflight=_preflight)
 def calibrate(ctx: RunContext, cfg: dict) -> None:
     """Fit a checked temperature and the OOD threshold that keeps `ood_tpr` of held-out samples."""
     model = ctx.merged.model if isinstance(ctx.merged, Calibrated) else ctx.merged
     batch_size = ctx.recipe.data["batch_size"]
-    logits, labels = predict_logits(model, ctx.data.val, batch_size)
+    uses_features = cfg["ood_score"] in FEATURE_SCORES
+    if uses_features:  # one pass over the held-out split gives the logits and the features
+        logits, labels, val_features = predict_logits_and_features(model, ctx.data.val, batch_size)
+    else:
+        logits, labels = predict_logits(model, ctx.data.val, batch_size)
     if cfg["ood_score"] == "mi" and logits.shape[0] < 2:
         raise InputError("calibrate.ood_score: 'mi' needs an ensemble (the merged model has one member)")
     scope = "member" if cfg["per_member"] else "ensemble"
@@ -146,7 +161,7 @@ def calibrate(ctx: RunContext, cfg: dict) -> None:
         fit_checked_temperature(logits, labels, cfg["per_member"], seed=ctx.recipe.seed) if cfg["temperature"] else None
     )
     temperature = fit.temperature if fit is not None else torch.ones(1)
-    feature_score = _fit_mahalanobis(ctx, model, cfg) if cfg["ood_score"] in FEATURE_SCORES else None
+    feature_score = _fit_mahalanobis(ctx, model, cfg) if uses_features else None
 
     def score_of(data) -> torch.Tensor:  # exactly what Calibrated.scored gives
         if feature_score is not None:
@@ -154,7 +169,9 @@ def calibrate(ctx: RunContext, cfg: dict) -> None:
         return _scores(predict_logits(model, data, batch_size)[0], temperature, scope, cfg["ood_score"])
 
     scores = (
-        score_of(ctx.data.val) if feature_score is not None else _scores(logits, temperature, scope, cfg["ood_score"])
+        feature_score(val_features)
+        if feature_score is not None
+        else _scores(logits, temperature, scope, cfg["ood_score"])
     )
     outliers = score_of(ctx.data.ood_val) if ctx.data.ood_val is not None else None
     threshold, ood_notes = checked_ood_threshold(scores, cfg["ood_tpr"], outliers)
