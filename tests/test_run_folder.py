@@ -74,3 +74,34 @@ def test_an_interrupted_run_stays_marked(tmp_path):
         with RunFolder(tmp_path / "run"):
             raise KeyboardInterrupt
     assert json.loads((tmp_path / "run" / "RUNNING").read_text())["status"] == "interrupted"
+
+
+def test_a_run_refused_before_writing_leaves_the_folder_as_found(tmp_path):
+    """Bad input found by the preflight: a folder the run created (parents included) is removed again;
+    an existing folder keeps what it held and gets no marker; an interrupt still leaves its marker."""
+    from compressor.core.errors import InputError
+    from compressor.core.folders import MARKERS
+
+    with pytest.raises(InputError):
+        with RunFolder(tmp_path / "runs" / "new"):
+            raise InputError("model.name: bad")
+    assert not (tmp_path / "runs").exists()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("a user's file")
+    with pytest.raises(InputError):
+        with RunFolder(mine):
+            raise InputError("model.name: bad")
+    assert (mine / "notes.txt").read_text() == "a user's file" and not (mine / "RUNNING").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(InputError):
+        with RunFolder(empty):
+            raise InputError("model.name: bad")
+    assert empty.is_dir() and not any(empty.iterdir())  # existed before: kept, without a marker
+    with pytest.raises(InputError):
+        with RunFolder(tmp_path / "half"):
+            (tmp_path / "half" / "masks.json").write_text("{}")  # an output was written: kept, marked failed
+            raise InputError("steps[1]: bad")
+    assert json.loads((tmp_path / "half" / "RUNNING").read_text())["status"].startswith("failed")
+    assert (tmp_path / "half" / MARKERS["run"]).exists()

@@ -8,6 +8,8 @@
   the run marker (`.compressor-run`), an export folder only when it carries the export marker: a
   folder without them may hold a user's own files and is refused, never cleaned;
 - a run never starts inside another run folder or an export folder;
+- a run refused for bad input (an InputError: the preflight, a missing file) before it wrote any
+  output leaves the folder as it found it: a folder it created is removed again;
 - temporary files an interrupted earlier run left behind are deleted.
 """
 
@@ -21,7 +23,7 @@ import time
 from pathlib import Path
 
 from compressor.core.errors import InputError
-from compressor.core.folders import is_marked, kind_of, marked_above, write_marker
+from compressor.core.folders import MARKERS, is_marked, kind_of, marked_above, write_marker
 from compressor.core.io import atomic_write_text, remove_stale_temporaries
 
 OUTPUTS = ("masks.json", "head_scores.json", "metrics.json", "metrics.md", "report.md", "RUNNING", "plots")
@@ -68,13 +70,20 @@ class RunFolder:
         self.overwrite = overwrite
         self._lock = None
         self._finished = False
+        self._created: Path | None = None  # the outermost folder this run created, if any
+        self._was_marked = False
+        self._found: set[str] | None = None  # the names the folder held (None: this run removed some)
 
     def earlier_outputs(self) -> list[str]:
         return [name for name in self.outputs if (self.path / name).exists()]
 
     def __enter__(self) -> RunFolder:
         check_run_location(self.path)
+        missing = [p for p in (self.path, *self.path.parents) if not p.exists()]
+        self._created = missing[-1] if missing else None
         self.path.mkdir(parents=True, exist_ok=True)
+        self._was_marked = is_marked(self.path, "run")
+        self._found = {p.name for p in self.path.iterdir()}
         self._lock = open(self.path / ".lock", "w")  # noqa: SIM115 - held until __exit__
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -100,6 +109,8 @@ class RunFolder:
             except InputError:
                 self._release()
                 raise
+        if earlier:
+            self._found = None
         for name in earlier:
             target = self.path / name
             shutil.rmtree(target) if target.is_dir() else target.unlink()
@@ -122,7 +133,27 @@ class RunFolder:
             self._lock.close()
             self._lock = None
 
+    def _undo_if_untouched(self) -> bool:
+        """Leave the folder as found when this run wrote nothing but its bookkeeping; True if so."""
+        bookkeeping = {"RUNNING", ".lock", MARKERS["run"]}
+        if self._found is None or any(p.name not in self._found | bookkeeping for p in self.path.iterdir()):
+            return False
+        (self.path / "RUNNING").unlink(missing_ok=True)
+        if not self._was_marked:
+            (self.path / MARKERS["run"]).unlink(missing_ok=True)
+        self._release()
+        if self._created is not None:
+            for folder in (self.path, *self.path.parents):
+                if folder.exists() and not any(folder.iterdir()):
+                    folder.rmdir()
+                if folder == self._created:
+                    break
+        return True
+
     def __exit__(self, exc_type, exc, tb) -> None:  # noqa: ANN001
+        if not self._finished and exc_type is not None and issubclass(exc_type, InputError):
+            if self._undo_if_untouched():
+                return
         if not self._finished and exc_type is not None and (self.path / "RUNNING").exists():
             why = "interrupted" if exc_type is KeyboardInterrupt else f"failed: {exc_type.__name__}: {exc}"
             marker = json.loads((self.path / "RUNNING").read_text())
