@@ -134,11 +134,8 @@ def _hf_folder(weights: str):
             save_file(state, folder / "model.safetensors")
         if weights in ("pickle", "state-dict"):
             (folder / "model.safetensors").unlink()
-            payload = pickle.dumps(Pwn()) if weights == "pickle" else None
-            if payload is None:
-                torch.save(state, folder / "pytorch_model.bin")
-            else:
-                (folder / "pytorch_model.bin").write_bytes(payload)
+            write = _pickle if weights == "pickle" else _torch_save
+            write("enc/pytorch_model.bin", Pwn() if weights == "pickle" else state)(t)
         recipe["model"] = {"source": "hf", "name": str(folder)}
         recipe["data"] = {
             "source": "text",

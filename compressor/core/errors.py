@@ -9,6 +9,13 @@ also derive from ValueError (LookupError for names), so code that caught those k
 from __future__ import annotations
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of a library's error message (its type name when it has none): enough for a
+    one-line error that says what the library refused."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 class CompressorError(Exception):
     """Base of every error raised on purpose by compressor; the message names file, key and expectation."""
 

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from compressor.core.errors import WeightsError
+from compressor.core.errors import WeightsError, first_line
 from compressor.core.modes import evaluating
 from compressor.core.weights import non_finite
 
@@ -76,9 +76,8 @@ def load_text_classifier(path: str, num_classes: int) -> MeanPoolClassifier:
             )
             pad = AutoTokenizer.from_pretrained(path, trust_remote_code=False).pad_token_id or 0
     except (OSError, ValueError, RuntimeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise WeightsError(
-            f"model.name: cannot load transformers model '{path}' ({e.__class__.__name__}: {first}); "
+            f"model.name: cannot load transformers model '{path}' ({type(e).__name__}: {first_line(e)}); "
             "expected a folder or hub name with model.safetensors (pickled .bin weights are never loaded)"
         ) from e
     mismatched = [str(k[0] if isinstance(k, tuple) else k) for k in info.get("mismatched_keys") or []]

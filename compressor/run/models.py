@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from compressor.core.distributed import all_true, is_main
-from compressor.core.errors import InputError, WeightsError
+from compressor.core.errors import InputError, WeightsError, first_line
 from compressor.core.weights import load_weights, non_finite, save_weights
 from compressor.data.bundle import DataBundle
 from compressor.families import family_of
@@ -135,7 +135,7 @@ def build_base(
         except RuntimeError as e:
             raise WeightsError(
                 f"model.checkpoint: {model_cfg['checkpoint']}: weights do not fit '{model_cfg['name']}' "
-                f"({str(e).splitlines()[0]})"
+                f"({first_line(e)})"
             ) from e
     tb = model_cfg.get("train_base")
     if tb:

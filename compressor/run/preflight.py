@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from compressor.core.errors import CompressorError, InputError
+from compressor.core.errors import CompressorError, InputError, first_line
 from compressor.core.modes import evaluating
 from compressor.core.registry import resolve
 from compressor.core.weights import check_fits
@@ -34,8 +34,7 @@ def preflight(recipe: Recipe, model: nn.Module, data: DataBundle) -> None:
         with evaluating(model), torch.no_grad():
             family.logits(x)
     except Exception as e:  # any failure of the real forward pass is the model/data pairing's fault
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise InputError(f"{where}: model/data: one test batch does not run through the model ({msg})") from e
+        raise InputError(f"{where}: model/data: one test batch does not run through the model ({first_line(e)})") from e
     for i, (name, cfg) in enumerate(recipe.steps):
         check = resolve("step", name).preflight
         if check is None:

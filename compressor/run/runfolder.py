@@ -71,7 +71,6 @@ class RunFolder:
         self._lock = None
         self._finished = False
         self._created: Path | None = None  # the outermost folder this run created, if any
-        self._was_marked = False
         self._found: set[str] | None = None  # the names the folder held (None: this run removed some)
 
     def earlier_outputs(self) -> list[str]:
@@ -82,7 +81,6 @@ class RunFolder:
         missing = [p for p in (self.path, *self.path.parents) if not p.exists()]
         self._created = missing[-1] if missing else None
         self.path.mkdir(parents=True, exist_ok=True)
-        self._was_marked = is_marked(self.path, "run")
         self._found = {p.name for p in self.path.iterdir()}
         self._lock = open(self.path / ".lock", "w")  # noqa: SIM115 - held until __exit__
         try:
@@ -139,13 +137,14 @@ class RunFolder:
         if self._found is None or any(p.name not in self._found | bookkeeping for p in self.path.iterdir()):
             return False
         (self.path / "RUNNING").unlink(missing_ok=True)
-        if not self._was_marked:
+        if MARKERS["run"] not in self._found:  # written by this run
             (self.path / MARKERS["run"]).unlink(missing_ok=True)
         self._release()
         if self._created is not None:
-            for folder in (self.path, *self.path.parents):
-                if folder.exists() and not any(folder.iterdir()):
-                    folder.rmdir()
+            for folder in (self.path, *self.path.parents):  # up to the outermost it created, while empty
+                if any(folder.iterdir()):
+                    break
+                folder.rmdir()
                 if folder == self._created:
                     break
         return True

@@ -34,7 +34,7 @@ from compressor.uq.conformal import (
     fit_conformal,
     prediction_sets,
 )
-from compressor.uq.inference import predict_logits, predict_logits_and_features, predict_with_features
+from compressor.uq.inference import predict_logits, predict_logits_and_features
 from compressor.uq.metrics import accuracy, ece, nll
 from compressor.uq.posthoc import Mahalanobis
 from compressor.uq.scores import FEATURE_SCORES, OOD_SCORES, ood_score
@@ -88,16 +88,16 @@ def _fit_mahalanobis(ctx: RunContext, model: torch.nn.Module, cfg: dict) -> Maha
     if len(train) > cfg["feature_samples"]:
         pick = torch.randperm(len(train), generator=torch.Generator().manual_seed(ctx.recipe.seed))
         train = Subset(train, pick[: cfg["feature_samples"]].sort().values.tolist())
-    predictions, features = predict_with_features(model, train, ctx.recipe.data["batch_size"])
+    _, labels, features = predict_logits_and_features(model, train, ctx.recipe.data["batch_size"])
     try:
-        return Mahalanobis.fit(features, predictions.labels)
+        return Mahalanobis.fit(features, labels)
     except MetricInputError as e:
         raise InputError(f"calibrate.ood_score: mahalanobis: {str(e).split(': ', 1)[-1]}") from e
 
 
 def _feature_scores(model: torch.nn.Module, score: Mahalanobis, dataset, batch_size: int) -> torch.Tensor:
     """Mahalanobis scores over `dataset`, from the same pooled features `Calibrated.scored` reads."""
-    return score(predict_with_features(model, dataset, batch_size)[1])
+    return score(predict_logits_and_features(model, dataset, batch_size)[2])
 
 
 def _line(fit: TemperatureFit | None, report: dict, ood: dict, notes: list[str]) -> str:
