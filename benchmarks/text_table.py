@@ -76,16 +76,54 @@ def rows(task: str) -> dict[str, list[dict]]:
         "hydra, members tuned 2x longer": variant(steps=300, patience=None),
         "hydra, members distilled from the base": variant(distill={"alpha": 0.5, "temperature": 2.0}),
         "hydra, packed (every block re-initialised)": variant(reinit_blocks="all"),
-        MAHALANOBIS_HYDRA: [
-            {"calibrate": {**s["calibrate"], "ood_score": "mahalanobis"}} if "calibrate" in s else s for s in steps
-        ],
+        MAHALANOBIS_HYDRA: scored_by_features(steps),
+        **averaged_rows(steps),
     }
+
+
+def scored_by_features(steps: list[dict]) -> list[dict]:
+    """The steps with the calibrate step deploying the Mahalanobis score: the trained model's
+    metrics then hold max-softmax, mutual information and Mahalanobis, read from one run."""
+    return [{"calibrate": {**s["calibrate"], "ood_score": "mahalanobis"}} if "calibrate" in s else s for s in steps]
+
+
+AVERAGED = "hydra, averaged MLP (paper)"
+
+
+def averaged_rows(steps: list[dict]) -> dict[str, list[dict]]:
+    """The paper's merge: members keep the whole MLP; the fused model's MLP averages theirs. Its
+    variants: a fine-tune after the merge (the shared MLP trained once, through every stream),
+    1/3 of the heads per member (attention exactly one model's size), a shared trunk of k blocks."""
+    out = copy.deepcopy(steps)
+    prune = next(s for s in out if "prune" in s)["prune"]
+    prune.pop("mlp_keep_ratio", None)
+    next(s for s in out if "merge" in s)["merge"] = {"merger": "hydra", "mlp": "average"}
+    out = scored_by_features(out)
+    tune = next(s for s in out if "finetune" in s)["finetune"]
+    after = [s for s in copy.deepcopy(out) if "finetune" not in s]
+    merged_tune = {k: v for k, v in tune.items() if k != "freeze_embeddings"} | {"target": "merged"}
+    after.insert(next(i for i, s in enumerate(after) if "merge" in s) + 1, {"finetune": merged_tune})
+    third = copy.deepcopy(out)
+    next(s for s in third if "prune" in s)["prune"]["keep_ratio"] = 0.3333
+    rows = {AVERAGED: out, f"{AVERAGED}, tuned after the merge": after, f"{AVERAGED}, 1/3 of the heads": third}
+    for k in TRUNKS:
+        trunk = copy.deepcopy(out)
+        next(s for s in trunk if "prune" in s)["prune"]["shared_blocks"] = k
+        rows[f"{AVERAGED}, shared trunk of {k} blocks"] = trunk
+    return rows
+
+
+TRUNKS = (3, 4, 6, 8)  # about L/2 and 2L/3 of MiniLM (L = 6) and DINOv2-S (L = 12)
 
 
 MAHALANOBIS_HYDRA = "hydra (recipe) + Mahalanobis"  # the calibrate step deploys the Mahalanobis score
 MAHALANOBIS_DE = "deep_ensemble x3 + Mahalanobis"  # per member on its own features, averaged
 ROW_SETS = {"main": ["hydra (recipe)", "single pruned model"], "mahalanobis": [MAHALANOBIS_HYDRA]}
 MAIN_EXTRA = {"fashion": ["hydra, packed (every block re-initialised)"]}  # the packed pipeline beside it
+
+
+def is_scored_by_features(steps: list[dict]) -> bool:
+    return any(s.get("calibrate", {}).get("ood_score") == "mahalanobis" for s in steps)
 
 
 def per_set(folder: Path, model: str, score: str = "msp") -> dict[str, float]:
@@ -202,6 +240,9 @@ def run_seed(
         result[name] = {**summary[model], **per_set(row_folder, model), "minutes": (time.time() - t) / 60}
         if name == MAHALANOBIS_HYDRA:
             result[name] = with_means(result[name] | per_set(row_folder, model, "mahalanobis"))
+        elif is_scored_by_features(steps):  # the same trained model under its Mahalanobis score
+            scored = with_means({**result[name], **per_set(row_folder, model, "mahalanobis")})
+            result[f"{name} + Mahalanobis"] = scored
         print(f"{task} seed {seed}: {name} ({time.time() - t:.0f}s)", flush=True)
     if MAHALANOBIS_HYDRA in wanted:  # its same-score comparison
         t = time.time()
@@ -292,7 +333,7 @@ def main() -> None:
     result = run_seed(args.task, args.seed, wanted, out, args.quick, baselines=not args.no_baselines)
     RESULTS.mkdir(parents=True, exist_ok=True)
     payload = {"task": args.task, "seed": args.seed, "rows": result}
-    part = "" if args.rows == "main" else "_" + "".join(c if c.isalnum() else "_" for c in args.rows)[:40]
+    part = "" if args.rows == "main" else "_" + "".join(c if c.isalnum() else "_" for c in args.rows)[:64]
     (RESULTS / f"{stem(args.task)}_seed{args.seed}{part}.json").write_text(json.dumps(payload, indent=1))
 
 

@@ -204,6 +204,12 @@ class Merger:
         prune step that chooses units before it."""
         return True
 
+    def shared_trunk(self, model: nn.Module) -> int | None:
+        """How many leading blocks the merged model runs once for every member (its shared trunk);
+        None for a merger without one, which the merge step then does not check against
+        `prune.shared_blocks`."""
+        return None
+
     def chooses_mlp_units(self) -> bool:
         """True when this merger picks MLP units itself (for masks that name none); `validate`
         refuses that beside a prune step that already chose them."""

@@ -105,6 +105,22 @@ RECIPE_CASES = [
     ),
     ("prune-option", _set("steps.0.prune.colour", 1), 2, ["steps[0].prune.colour: unknown option for pruner 'taylor'"]),
     ("keeps-no-head", _set("steps.0.prune.keep_ratio", 0.01), 2, ["steps[0].prune: keep_ratio 0.01 keeps no head"]),
+    (
+        "trunk-too-deep",
+        _set("steps.0.prune.shared_blocks", 2),
+        2,
+        ["steps[0].prune: shared_blocks: expected an integer in 0..1 (the model has 2 blocks", "got 2"],
+    ),
+    ("trunk-negative", _set("steps.0.prune.shared_blocks", -1), 2, ["prune.shared_blocks: expected an integer >= 0"]),
+    (
+        "trunk-redrawn",
+        lambda r: (
+            r["steps"][0]["prune"].update(shared_blocks=1),
+            r["steps"].insert(1, {"finetune": {"target": "members", "reinit_blocks": "all"}}),
+        ),
+        2,
+        ["steps[1].finetune: 'finetune' reinit_blocks 'all' would redraw the 1 blocks prune.shared_blocks keeps"],
+    ),
     ("merge-first", _steps([{"merge": {"merger": "hydra"}}]), 2, ["steps[0].merge: 'merge' needs a 'prune' step"]),
     ("merger-unknown", _set("steps.1.merge.merger", "glue"), 2, ["steps[1].merge.merger: unknown merger 'glue'"]),
     ("mlp-mode", _set("steps.1.merge.mlp", "wide"), 2, ["steps[1].merge: mlp: expected one of"]),

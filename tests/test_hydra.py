@@ -268,3 +268,18 @@ def test_qk_norm_and_register_tokens_fuse_exactly(shape, mode):
         else:
             fused.stems[0].reg_token.zero_()
         assert float((fused(x).member_logits - out).abs().max()) > 1e-3, "the fused model must use it"
+
+
+def test_flops_counted_for_an_attention_pool_head():
+    """timm's attention-pool head (its latent parameter enters a submodule as input) once broke
+    FlopCounterMode under no_grad; the count equals the one taken with autograd on, parameters intact."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from compressor.uq.evaluate import flops_per_sample
+
+    vit = make_vit("registers")
+    x = images(0, n=4)
+    with FlopCounterMode(display=False) as counter:
+        vit(x)
+    assert flops_per_sample(vit, x) == counter.get_total_flops() / 4
+    assert all(p.requires_grad for p in vit.parameters())

@@ -163,3 +163,24 @@ def test_two_member_hydra_on_the_converted_dinov2_equals_its_members(dinov2_stat
             member = copy.deepcopy(model)
             family_of(member).apply_mask(mask)
             torch.testing.assert_close(out.member_logits[i], member(x), rtol=1e-5, atol=1e-5)
+
+
+@needs_wheel
+def test_shared_trunk_on_the_converted_dinov2_equals_its_members(dinov2_state):
+    """8 of 12 blocks as a shared trunk (run once), members tuned above it: exact to 1e-5."""
+    from .test_shared_trunk import trunk_masks, tuned_above_trunk, with_average_mlp_hf
+
+    torch.manual_seed(0)
+    model = timm.create_model(F.TIMM_NAME, img_size=SIZE, num_classes=5).eval()
+    F.load_backbone(model, dinov2_state)
+    heads = family_of(model).heads_per_block()
+    masks = [HeadMask.from_kept([[(m + b + j) % 6 for j in range(3)] for b in range(12)], heads) for m in range(3)]
+    masks = trunk_masks(masks, 8)
+    members = tuned_above_trunk(model, masks, 8, scale=0.01)
+    fused = build_hydra(model, masks, members=members, mlp_mode="average").eval()
+    assert fused.spec.trunk == 8
+    x = torch.randn(2, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        out = fused(x)
+        for i, ref in enumerate(with_average_mlp_hf(members)):
+            torch.testing.assert_close(out.member_logits[i], ref(x), rtol=1e-5, atol=1e-5)

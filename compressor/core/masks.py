@@ -78,6 +78,11 @@ class HeadMask:
         """This mask keeping MLP units `kept[b]` (of `widths[b]`) in each block."""
         return HeadMask(self.blocks, _from_kept(kept, widths))
 
+    def with_whole_blocks(self, count: int) -> HeadMask:
+        """This mask keeping every head (and MLP unit) of its first `count` blocks."""
+        whole = lambda parts: tuple(torch.ones_like(t) if b < count else t for b, t in enumerate(parts))  # noqa: E731
+        return HeadMask(whole(self.blocks), None if self.units is None else whole(self.units))
+
     @property
     def num_blocks(self) -> int:
         return len(self.blocks)

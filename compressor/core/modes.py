@@ -17,3 +17,16 @@ def evaluating(model: nn.Module) -> Iterator[None]:
         yield
     finally:
         model.train(was_training)
+
+
+@contextmanager
+def frozen(model: nn.Module) -> Iterator[None]:
+    """Every parameter of `model` with requires_grad off inside the block, restored after."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    for p in trainable:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in trainable:
+            p.requires_grad_(True)

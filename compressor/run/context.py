@@ -29,6 +29,7 @@ class RunContext:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     masks: list[HeadMask] | None = None
     scores: list | None = None  # per member, per block head scores of the last prune step
+    shared_blocks: int = 0  # the last prune step's shared trunk: leading blocks whole and frozen in every member
     members: list[nn.Module] | None = None  # fine-tuned (head-masked) members
     merged: nn.Module | None = None
     merger_name: str | None = None

@@ -12,7 +12,7 @@ from torch import nn
 from compressor.core.device import model_device, synchronize
 from compressor.core.errors import MetricInputError
 from compressor.core.io import atomic_write_text, json_text
-from compressor.core.modes import evaluating
+from compressor.core.modes import evaluating, frozen
 from compressor.data.bundle import DataBundle
 from compressor.uq.calibrated import Calibrated
 from compressor.uq.conformal import (
@@ -63,10 +63,12 @@ def count_params(model: nn.Module) -> int:
 @torch.no_grad()
 def flops_per_sample(model: nn.Module, x: torch.Tensor) -> float:
     """FLOPs of one forward pass per sample, counted by torch.utils.flop_counter.FlopCounterMode
-    (matrix multiplications, convolutions and attention; elementwise work is not counted)."""
+    (matrix multiplications, convolutions and attention; elementwise work is not counted).
+    Parameters are frozen while counting: the counter's module tracker fails on a parameter that
+    enters a submodule as its input under no_grad (timm's attention-pool latent)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    with evaluating(model), FlopCounterMode(display=False) as counter:
+    with evaluating(model), frozen(model), FlopCounterMode(display=False) as counter:
         model(x.to(model_device(model)))
     return counter.get_total_flops() / len(x)
 

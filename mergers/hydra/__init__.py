@@ -44,6 +44,9 @@ class HydraMerger(Merger):
     def chooses_mlp_units(self) -> bool:
         return self.mlp_keep_ratio is not None
 
+    def shared_trunk(self, model: nn.Module) -> int | None:
+        return model.spec.trunk
+
     def check(self, family: Family) -> None:
         problems = hydra_problems(family)
         if problems:
@@ -73,7 +76,9 @@ class HydraMerger(Merger):
         if masks is not None:  # the masks must say what the spec says
             kept = [HeadMask.from_dict(m, where=f"masks[{i}]").num_kept() for i, m in enumerate(masks)]
             if len(kept) != spec.members or any(
-                kept[m][b] != spec.heads[b][m] for m in range(spec.members) for b in range(len(spec.heads))
+                kept[m][b] != spec.heads[b][min(m, spec.streams(b) - 1)]
+                for m in range(spec.members)
+                for b in range(len(spec.heads))
             ):
                 raise ExportError("hydra_spec.heads: do not match the head counts of 'masks'")
         return HydraModel(spec)

@@ -87,9 +87,11 @@ def _mlp_layout(
     mode: str,
     keep_ratio: float | None,
     calibration: Sequence[torch.Tensor] | None,
+    trunk: int = 0,
 ) -> tuple[list[list[int]], list[list[torch.Tensor]] | None]:
     """Per block, the MLP widths of the fused model, and which units each member keeps ('pruned':
-    the units the masks name, else each member's top `keep_ratio` (default 1/M) by its own scores)."""
+    the units the masks name, else each member's top `keep_ratio` (default 1/M) by its own scores;
+    the first `trunk` blocks, shared whole by every member, keep every unit)."""
     widths, m = families[0].mlp_widths(), len(masks)
     if mode != "pruned" and any(mask.units is not None for mask in masks):
         raise OptionError(
@@ -106,9 +108,26 @@ def _mlp_layout(
         ratio = 1.0 / m if keep_ratio is None else float(keep_ratio)
         if not 0.0 < ratio <= 1.0:
             raise OptionError(f"mlp_keep_ratio: expected a number in (0, 1], got {ratio}")
-        masks = [with_top_units(fam, [mask], ratio, calibration)[0] for fam, mask in zip(families, masks)]
+        masks = [
+            with_top_units(fam, [mask], ratio, calibration)[0].with_whole_blocks(trunk)
+            for fam, mask in zip(families, masks)
+        ]
     unit_keep = [[torch.as_tensor(mask.kept_units(b), dtype=torch.long) for b in range(len(widths))] for mask in masks]
     return [[len(unit_keep[i][b]) for i in range(m)] for b in range(len(widths))], unit_keep
+
+
+def shared_trunk(families: Sequence[Family], masks: Sequence[HeadMask], stem_shared: bool) -> int:
+    """How many leading blocks every member has whole (every head and MLP unit kept) and with the
+    same weights, behind one shared stem: the fused model runs them once (at most depth - 1)."""
+    if len(masks) < 2 or not stem_shared:
+        return 0
+    trunk = 0
+    for b in range(families[0].num_blocks - 1):
+        whole = all(bool(m.blocks[b].all()) and (m.units is None or bool(m.units[b].all())) for m in masks)
+        if not whole or not _same_state([f.blocks()[b] for f in families]):
+            break
+        trunk += 1
+    return trunk
 
 
 def hydra_problems(family: Family) -> list[str]:
@@ -163,7 +182,10 @@ def build_hydra(
         for name in ("ls1", "ls2"):
             if getattr(parts[b][0], name) is not None:
                 shared[f"blocks.{b}.{name}"] = _same([getattr(p, name) for p in parts[b]])
-    mlp_hidden, unit_keep = _mlp_layout(families, masks, mlp_mode, mlp_keep_ratio, calibration)
+    trunk = shared_trunk(families, masks, shared["stem"])
+    mlp_hidden, unit_keep = _mlp_layout(families, masks, mlp_mode, mlp_keep_ratio, calibration, trunk)
+    heads = [[mask.num_kept()[b] for mask in masks][: 1 if b < trunk else m] for b in range(depth)]
+    mlp_hidden = [w[:1] if b < trunk else w for b, w in enumerate(mlp_hidden)]
     p0, attn0, mlp0 = parts[0][0], families[0].attention(0), families[0].mlp(0)
     spec = HydraSpec(
         family=families[0].name,
@@ -171,7 +193,7 @@ def build_hydra(
         members=m,
         dim=int(attn0.o.get().out_features),
         head_dim=families[0].head_dim(0),
-        heads=[[mask.num_kept()[b] for mask in masks] for b in range(depth)],
+        heads=heads,
         mlp_hidden=mlp_hidden,
         mlp_mode=mlp_mode,
         act=families[0].activation(),
@@ -188,6 +210,7 @@ def build_hydra(
         mlp_act_drop=p0.mlp_act_drop,
         mlp_drop=p0.mlp_drop,
         shared=shared,
+        trunk=trunk,
     )
     ref = next(base.parameters())
     model = HydraModel(spec).to(dtype=ref.dtype, device=ref.device)
@@ -209,12 +232,14 @@ def _fill(
         stem.load_state_dict(ends[i][0].state_dict())
     for i, head in enumerate(model.heads):
         head.load_state_dict(ends[i][1].state_dict())
-    for b, blk in enumerate(model.blocks):
-        _fill_norm(blk.norm1, [p.norm1 for p in parts[b]])
-        _fill_norm(blk.norm2, [p.norm2 for p in parts[b]])
-        _fill_norm(blk.attn.q_norm, [p.q_norm for p in parts[b]])
-        _fill_norm(blk.attn.k_norm, [p.k_norm for p in parts[b]])
-        _fill_scale(blk.ls1, [p.ls1 for p in parts[b]])
-        _fill_scale(blk.ls2, [p.ls2 for p in parts[b]])
-        fill_attention(blk.attn, families, masks, b)
-        fill_mlp(blk.mlp, families, unit_keep, b)
+    for b, blk in enumerate(model.blocks):  # a trunk block (one stream): member 0's, the same in every member
+        n = model.spec.streams(b)
+        src, fams, units = parts[b][:n], families[:n], None if unit_keep is None else unit_keep[:n]
+        _fill_norm(blk.norm1, [p.norm1 for p in src])
+        _fill_norm(blk.norm2, [p.norm2 for p in src])
+        _fill_norm(blk.attn.q_norm, [p.q_norm for p in src])
+        _fill_norm(blk.attn.k_norm, [p.k_norm for p in src])
+        _fill_scale(blk.ls1, [p.ls1 for p in src])
+        _fill_scale(blk.ls2, [p.ls2 for p in src])
+        fill_attention(blk.attn, fams, masks[:n], b)
+        fill_mlp(blk.mlp, fams, units, b)

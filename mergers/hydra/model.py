@@ -75,6 +75,9 @@ class HydraSpec:
     mlp_act_drop: float = 0.0
     mlp_drop: float = 0.0
     shared: dict[str, bool] = field(default_factory=dict)  # part name -> one copy for all members
+    # the shared trunk: the first `trunk` blocks are the base's own, identical in every member, and
+    # run ONCE on one stream that is then handed to every member (their heads and MLP lists: one entry)
+    trunk: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -104,21 +107,30 @@ class HydraSpec:
         need(is_int(self.members, 1, 64), "members", "an integer in 1..64")
         need(is_int(self.dim, 1, 1 << 16) and is_int(self.head_dim, 1, 4096), "dim", "dim <= 65536, head_dim <= 4096")
         m = self.members
+        need(isinstance(self.heads, list) and len(self.heads) > 0, "heads", "one list of head counts per block")
+        depth = len(self.heads)
+        need(is_int(self.trunk, 0, depth - 1), "trunk", f"an integer in 0..{depth - 1} (the blocks run once)")
+        need(self.trunk == 0 or self.is_shared("stem"), "trunk", "0 when members have their own stems")
         need(
-            isinstance(self.heads, list)
-            and all(isinstance(b, list) and len(b) == m and all(is_int(h, 0, 4096) for h in b) for b in self.heads)
+            all(
+                isinstance(b, list) and len(b) == self.streams(i) and all(is_int(h, 0, 4096) for h in b)
+                for i, b in enumerate(self.heads)
+            )
             and all(max(b) > 0 for b in self.heads),
             "heads",
-            f"one list of {m} head counts (0..4096, some > 0) per block",
+            f"per block one list of {m} head counts (0..4096, some > 0), one count in the {self.trunk} trunk blocks",
         )
         need(self.mlp_mode in MLP_MODES, "mlp_mode", f"one of {', '.join(MLP_MODES)}")
-        widths = 1 if self.mlp_mode == "average" else m
+        widths = lambda i: 1 if self.mlp_mode == "average" else self.streams(i)  # noqa: E731
         need(
             isinstance(self.mlp_hidden, list)
-            and len(self.mlp_hidden) == len(self.heads)
-            and all(isinstance(b, list) and len(b) == widths and all(is_int(w) for w in b) for b in self.mlp_hidden),
+            and len(self.mlp_hidden) == depth
+            and all(
+                isinstance(b, list) and len(b) == widths(i) and all(is_int(w) for w in b)
+                for i, b in enumerate(self.mlp_hidden)
+            ),
             "mlp_hidden",
-            f"one list of {widths} positive MLP widths per block",
+            f"per block one list of {1 if self.mlp_mode == 'average' else m} positive MLP widths (one in the trunk)",
         )
         need(self.act in ACTIVATIONS, "act", f"one of {', '.join(ACTIVATIONS)}")
         for key in ("pre_norm", "causal", "layer_scale", "qkv_bias", "proj_bias", "mlp_bias"):
@@ -137,17 +149,21 @@ class HydraSpec:
     def is_shared(self, name: str) -> bool:
         return self.shared.get(name, True)
 
+    def streams(self, block: int) -> int:
+        """How many streams block `block` runs on: one in the shared trunk, else one per member."""
+        return 1 if block < self.trunk else self.members
 
-def _norm(spec: HydraSpec, name: str, dim: int, eps: float) -> nn.Module:
-    if spec.is_shared(name):
+
+def _norm(spec: HydraSpec, name: str, dim: int, eps: float, block: int) -> nn.Module:
+    if spec.is_shared(name) or spec.streams(block) == 1:
         return nn.LayerNorm(dim, eps=eps)
     return MemberLayerNorm(spec.members, dim, eps=eps)
 
 
-def _scale(spec: HydraSpec, name: str) -> nn.Module:
+def _scale(spec: HydraSpec, name: str, block: int) -> nn.Module:
     if not spec.layer_scale:
         return nn.Identity()
-    return MemberAffine(1 if spec.is_shared(name) else spec.members, spec.dim, bias=False)
+    return MemberAffine(1 if spec.is_shared(name) else spec.streams(block), spec.dim, bias=False)
 
 
 def _norm_for(norm: nn.Module, x: torch.Tensor, folds: bool) -> tuple[torch.Tensor, MemberAffine | None]:
@@ -168,8 +184,8 @@ class HydraBlock(nn.Module):
         self.pre_norm = spec.pre_norm
         qk = [None, None]
         if spec.qk_norm_eps is not None:
-            qk = [_norm(spec, p + n, spec.head_dim, spec.qk_norm_eps) for n in ("q_norm", "k_norm")]
-        self.norm1 = _norm(spec, p + "norm1", spec.dim, spec.eps)
+            qk = [_norm(spec, p + n, spec.head_dim, spec.qk_norm_eps, index) for n in ("q_norm", "k_norm")]
+        self.norm1 = _norm(spec, p + "norm1", spec.dim, spec.eps, index)
         self.attn = HydraAttention(
             spec.dim,
             spec.heads[index],
@@ -181,15 +197,15 @@ class HydraBlock(nn.Module):
             q_norm=qk[0],
             k_norm=qk[1],
         )
-        self.ls1 = _scale(spec, p + "ls1")
-        self.norm2 = _norm(spec, p + "norm2", spec.dim, spec.eps)
+        self.ls1 = _scale(spec, p + "ls1", index)
+        self.norm2 = _norm(spec, p + "norm2", spec.dim, spec.eps, index)
         act, hidden = ACTIVATIONS[spec.act](), spec.mlp_hidden[index]
         drops = (spec.mlp_act_drop, spec.mlp_drop)
         if spec.mlp_mode == "average":
             self.mlp = SharedMLP(spec.dim, hidden[0], act, spec.mlp_bias, *drops)
         else:
             self.mlp = HydraMLP(spec.dim, hidden, act, spec.mlp_bias, *drops)
-        self.ls2 = _scale(spec, p + "ls2")
+        self.ls2 = _scale(spec, p + "ls2", index)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         if self.pre_norm:
@@ -265,14 +281,19 @@ class HydraModel(nn.Module):
 
     def _member_logits(self, inputs: torch.Tensor) -> torch.Tensor:
         m = self.members
+        trunk = self.spec.trunk
         if len(self.stems) == 1:
             tokens, key_mask = self.stems[0](inputs)
-            x = tokens.unsqueeze(0).expand(m, *tokens.shape)
+            x = tokens.unsqueeze(0)
+            attn_mask = attention_mask(key_mask, x.shape[2], self.spec.causal)
+            for blk in self.blocks[:trunk]:  # the shared trunk: once, on one stream
+                x = blk(x, attn_mask)
+            x = x.expand(m, *x.shape[1:])
         else:  # members with their own (fine-tuned) stems
             ends = [stem(inputs) for stem in self.stems]
             x, key_mask = torch.stack([t for t, _ in ends]), ends[0][1]
-        attn_mask = attention_mask(key_mask, x.shape[2], self.spec.causal)
-        for blk in self.blocks:
+            attn_mask = attention_mask(key_mask, x.shape[2], self.spec.causal)
+        for blk in self.blocks[trunk:]:
             x = blk(x, attn_mask)
         if len(self.heads) == 1:
             b = x.shape[1]

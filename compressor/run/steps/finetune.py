@@ -79,6 +79,9 @@ def _check(cfg: dict, earlier: StepList, later: StepList) -> str | None:
         return "reinit_head and reinit_blocks need target 'members' (each member re-initialised on its own)"
     if cfg["freeze_embeddings"] and merged:
         return "freeze_embeddings needs target 'members' (a merged model's members share their embeddings already)"
+    shared = next((c.get("shared_blocks", 0) for n, c in reversed(earlier) if n == "prune"), 0)
+    if shared and not merged and cfg["reinit_blocks"] == "all":
+        return f"reinit_blocks 'all' would redraw the {shared} blocks prune.shared_blocks keeps as the base's"
     if cfg["disagreement"] and not merged:
         return (
             "disagreement rewards members for disagreeing inside one fused model: it needs target 'merged' "
@@ -149,12 +152,20 @@ def finetune(ctx: RunContext, cfg: dict) -> None:
     for i, member in enumerate(members):
         tc_i = TrainConfig(**{**tc.__dict__, "seed": tc.seed + i, "ensemble_member": len(members) > 1})
         family = family_of(member)
-        fresh = list(family.blocks()[family.num_blocks - reinit_count(cfg["reinit_blocks"], family) :])
+        redrawn = reinit_count(cfg["reinit_blocks"], family)
+        if redrawn > family.num_blocks - ctx.shared_blocks:
+            raise InputError(
+                f"finetune.reinit_blocks: {cfg['reinit_blocks']} would redraw blocks of the shared trunk "
+                f"(prune.shared_blocks: {ctx.shared_blocks} of {family.num_blocks}); expected at most "
+                f"{family.num_blocks - ctx.shared_blocks}"
+            )
+        fresh = list(family.blocks()[family.num_blocks - redrawn :])
         if cfg["reinit_head"]:
             fresh.append(family.classifier())
         if fresh:
             reinitialise(fresh, tc_i.seed)
-        frozen = outside_blocks(member) if cfg["freeze_embeddings"] else []
+        frozen = outside_blocks(member) if cfg["freeze_embeddings"] or ctx.shared_blocks else []
+        frozen += [p for block in family.blocks()[: ctx.shared_blocks] for p in block.parameters()]
         for p in frozen:
             p.requires_grad_(False)
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from compressor.core.errors import InputError
 from compressor.core.registry import resolve
 from compressor.core.schema import Field
 from compressor.families import Family
@@ -46,6 +47,12 @@ def merge(ctx: RunContext, cfg: dict) -> None:
     calib, _ = ctx.calibration()
     ctx.merged = merger.merge(ctx.base, ctx.masks, ctx.members, [b[0] for b in calib])
     ctx.merger_name = cfg["merger"]
+    trunk = merger.shared_trunk(ctx.merged)
+    if ctx.shared_blocks and trunk is not None and trunk < ctx.shared_blocks:
+        raise InputError(
+            f"merge: prune.shared_blocks is {ctx.shared_blocks} but the members' first blocks differ "
+            f"(the fused model shares {trunk}); expected them whole and frozen in every member"
+        )
     params = sum(p.numel() for p in ctx.merged.parameters())
     line = f"{cfg['merger']} -> {type(ctx.merged).__name__}, {params / 1e6:.2f}M parameters"
     ctx.outcomes["merge"] = line

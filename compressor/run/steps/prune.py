@@ -57,6 +57,13 @@ SCHEMA = {
         check=lambda v: None if v >= 1 else "an integer >= 1",
         doc="with target: reach it in this many steps, re-scoring heads and units on what is left",
     ),
+    "shared_blocks": Field(
+        (int,),
+        0,
+        check=lambda v: None if not isinstance(v, bool) and v >= 0 else "an integer >= 0",
+        doc="a shared trunk: the first k blocks stay the base's, whole and identical in every member (frozen "
+        "in member fine-tunes); the fused model runs them once, on one stream",
+    ),
     "mlp_split": Field(
         (str,),
         "top",
@@ -66,7 +73,15 @@ SCHEMA = {
 }
 
 
-STEP_KEYS = ("mlp_keep_ratio", "mlp_importance", "target", "allocation", "iterative_steps", "mlp_split")
+STEP_KEYS = (
+    "mlp_keep_ratio",
+    "mlp_importance",
+    "target",
+    "allocation",
+    "iterative_steps",
+    "mlp_split",
+    "shared_blocks",
+)
 
 
 def _budget_masks(ctx: RunContext, family: Family, pruner, cfg: dict, calib: list, heldout: list) -> list:
@@ -96,6 +111,12 @@ def _preflight(cfg: dict, family: Family) -> None:
     re-score heads when the target is reached in steps."""
     pruner = resolve("pruner", cfg["pruner"])(**plugin_options(cfg, "pruner", *STEP_KEYS))
     pruner.preflight(family)
+    if cfg["shared_blocks"] > family.num_blocks - 1:
+        raise InputError(
+            f"shared_blocks: expected an integer in 0..{family.num_blocks - 1} "
+            f"(the model has {family.num_blocks} blocks; at least one must differ between members), "
+            f"got {cfg['shared_blocks']}"
+        )
     if cfg["iterative_steps"] > 1 and not pruner.can_rescore:
         raise InputError(f"prune.iterative_steps: pruner '{cfg['pruner']}' cannot re-score heads; use 1")
 
@@ -117,7 +138,9 @@ def prune(ctx: RunContext, cfg: dict) -> None:
         ctx.masks = with_disjoint_units(family, ctx.masks, [b[0] for b in calib])
     elif cfg["mlp_keep_ratio"] is not None:
         ctx.masks = with_top_units(family, ctx.masks, cfg["mlp_keep_ratio"], calib, cfg["mlp_importance"])
-    ctx.scores, ctx.members = pruner.last_scores, None
+    if cfg["shared_blocks"]:
+        ctx.masks = [mask.with_whole_blocks(cfg["shared_blocks"]) for mask in ctx.masks]
+    ctx.scores, ctx.members, ctx.shared_blocks = pruner.last_scores, None, cfg["shared_blocks"]
     if is_main():
         save_masks(ctx.out / "masks.json", ctx.masks)
         if ctx.scores is not None:
@@ -127,5 +150,7 @@ def prune(ctx: RunContext, cfg: dict) -> None:
     line = f"{cfg['pruner']}: {len(ctx.masks)} members keeping {kept} of {sum(family.heads_per_block())} heads"
     if ctx.masks[0].units is not None:
         line += f" and {[sum(len(m.kept_units(b)) for b in range(m.num_blocks)) for m in ctx.masks]} MLP units"
+    if ctx.shared_blocks:
+        line += f"; the first {ctx.shared_blocks} blocks shared whole (the trunk)"
     ctx.outcomes["prune"] = line
     ctx.say(f"prune: {line}")
