@@ -55,6 +55,20 @@ def default_recipe_steps(**finetune: object) -> list[dict]:
     return steps
 
 
+PACKED_FUSED = "default recipe (packed), trained as one fused model"
+
+
+def packed_fused_steps() -> list[dict]:
+    """recipes/vit_hydra.yaml's packed pipeline with its member fine-tune moved after the merge: the
+    same re-initialisation and training settings, one training run of the fused model."""
+    steps = recipe_steps()
+    tune = next(s for s in steps if "finetune" in s)
+    steps.remove(tune)
+    merge = next(i for i, s in enumerate(steps) if "merge" in s)
+    steps.insert(merge + 1, {"finetune": {**tune["finetune"], "target": "merged"}})
+    return steps
+
+
 def digit_rows(ft: int) -> dict[str, tuple[str | None, list[dict]]]:
     """Row name -> (prune key shared by rows with the same masks, recipe steps)."""
     tune = {"finetune": {"target": "merged", "steps": ft, "lr": 5e-4, "patience": 3}}
@@ -112,6 +126,9 @@ def digit_rows(ft: int) -> dict[str, tuple[str | None, list[dict]]]:
         # variant (the paper's pipeline); evaluated with and without their calibrate step
         "default recipe (packed)": ("taylor-units", recipe_steps()),
         "default recipe, from the base (paper's pipeline)": ("taylor-units", default_recipe_steps()),
+        # the packed members trained as ONE fused model: merged first, every member redrawn from its own
+        # seed inside it, then one fine-tune of the fused model (each member's own loss on its stream)
+        PACKED_FUSED: ("taylor-units", packed_fused_steps()),
         "hydra taylor pruned + bootstrap fine-tune": (
             "taylor",
             [taylor, _hydra("pruned"), {"finetune": {**tune["finetune"], "bootstrap": True}}],
@@ -170,6 +187,8 @@ ROW_SETS = {
     ],
     # the calibrate step against the same models without it (issue 26), on the recipe as it ships
     "calibrate": ["default recipe (packed)", "default recipe, from the base (paper's pipeline)"],
+    # the packed members trained one by one (as shipped) against trained as one fused model (issue 41)
+    "fused": ["default recipe (packed)", PACKED_FUSED],
 }
 
 

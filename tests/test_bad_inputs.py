@@ -138,10 +138,13 @@ RECIPE_CASES = [
         ["steps[2].finetune: 'finetune' target 'members' after the merge would be lost"],
     ),
     (
-        "reinit-merged",
-        lambda r: r["steps"].insert(2, {"finetune": {"target": "merged", "reinit_blocks": 1}}),
+        "reinit-merged-trunk",
+        lambda r: (
+            r["steps"][0]["prune"].update(shared_blocks=1),
+            r["steps"].insert(2, {"finetune": {"target": "merged", "reinit_blocks": "all"}}),
+        ),
         2,
-        ["steps[2].finetune: 'finetune' reinit_head and reinit_blocks need target 'members'"],
+        ["steps[2].finetune: 'finetune' reinit_blocks 'all' would redraw the 1 blocks prune.shared_blocks keeps"],
     ),
     (
         "reinit-too-deep",

@@ -29,7 +29,9 @@ def tuned_above_trunk(model: torch.nn.Module, masks: list[HeadMask], k: int, sca
         torch.manual_seed(100 + i)
         member = copy.deepcopy(model)
         family = family_of(member)
-        tuned = [p for block in family.blocks()[k:] for p in block.parameters()] + list(family.classifier().parameters())
+        tuned = [p for block in family.blocks()[k:] for p in block.parameters()] + list(
+            family.classifier().parameters()
+        )
         with torch.no_grad():
             for p in tuned:
                 p.add_(scale * torch.randn_like(p))

@@ -11,6 +11,8 @@ evaluates or trains.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from compressor.data.bundle import DataBundle, batches, bootstrap, loader, sharded_batches
@@ -19,10 +21,19 @@ from compressor.data.images import crop_origin, image_folder_bundle, image_trans
 
 
 def load_bundle(
-    data_cfg: dict, model_name: str, model: torch.nn.Module | None = None, pretrained: bool = False
+    data_cfg: dict,
+    model_name: str,
+    model: torch.nn.Module | None = None,
+    pretrained: bool = False,
+    base: Path | None = None,
 ) -> DataBundle:
-    """The recipe's data: digits, a user's image folder (transforms follow `model`), or the
-    committed text benchmark tokenised for transformers model `model_name`."""
+    """The recipe's data: digits, a user's image folder (transforms follow `model`), the committed
+    text benchmark tokenised for transformers model `model_name`, or a user's dataset read with
+    `datasets` (its relative file names start at `base`, the recipe's folder)."""
+    if data_cfg["source"] == "dataset":
+        from compressor.data.dataset_source import dataset_bundle
+
+        return dataset_bundle(data_cfg, base or Path.cwd(), model_name, model, pretrained)
     if data_cfg["source"] == "digits":
         return digits_bundle(
             img_size=data_cfg["img_size"] or 16, in_classes=data_cfg["in_classes"] or range(8), seed=data_cfg["seed"]

@@ -31,6 +31,7 @@ class DataBundle:
     preprocessing: dict = field(default_factory=dict)  # how raw inputs become model inputs (exports record it)
     make_outliers: OutlierMaker | None = None  # synthetic outliers from a batch of training inputs
     notes: list[str] = field(default_factory=list)  # one-line facts a user should see (validate, report)
+    fingerprint: str = ""  # what the data's content hashes to, where files a user may edit hold it (cache keys)
 
     @property
     def num_classes(self) -> int:

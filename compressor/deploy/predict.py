@@ -47,8 +47,27 @@ def _read_lines(inputs: Path, what: str) -> list[str]:
         raise InputError(f"{inputs}: cannot be read ({e.strerror}); expected {what}") from e
 
 
-def _image_paths(inputs: Path) -> list[Path]:
-    if inputs.is_dir():
+def _table_column(inputs: Path, column: str | None) -> list | None:
+    """The column of a CSV / JSON Lines / Parquet file (None when the input is not such a table)."""
+    from compressor.data.tables import TABLE_SUFFIXES, read_column
+
+    if column is None and inputs.suffix.lower() not in (".csv", ".parquet"):
+        return None  # .txt, a folder, an image, or .jsonl read with its 'text' field below
+    if inputs.is_dir() or inputs.suffix.lower() not in TABLE_SUFFIXES:
+        raise InputError(f"{inputs}: --column reads a .csv, .jsonl or .parquet file")
+    if column is None:
+        raise InputError(f"{inputs}: a table; expected --column naming its text or image-path column")
+    return read_column(inputs, column)
+
+
+def _image_paths(inputs: Path, column: str | None = None) -> list[Path]:
+    cells = _table_column(inputs, column)
+    if cells is not None:
+        paths = [Path(c) if Path(str(c)).is_absolute() else inputs.parent / str(c) for c in cells]
+        missing = [str(p) for p in paths if not p.is_file()]
+        if missing:
+            raise InputError(f"{inputs}: column '{column}' names {len(missing)} missing image files, e.g. {missing[0]}")
+    elif inputs.is_dir():
         paths = sorted(p for p in inputs.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
     elif inputs.suffix.lower() in IMAGE_SUFFIXES:
         paths = [inputs]  # one image
@@ -63,7 +82,13 @@ def _image_paths(inputs: Path) -> list[Path]:
     return paths
 
 
-def _texts(inputs: Path) -> list[str]:
+def _texts(inputs: Path, column: str | None = None) -> list[str]:
+    cells = _table_column(inputs, column)
+    if cells is not None:
+        bad = next((i for i, t in enumerate(cells) if not isinstance(t, str) or not t.strip()), None)
+        if bad is not None:
+            raise InputError(f"{inputs}: column '{column}', row {bad}: {cells[bad]!r}; expected a non-empty text")
+        return list(cells)
     if inputs.is_dir():
         raise InputError(f"{inputs}: a text model expects a .txt file (one sentence per line) or .jsonl, not a folder")
     lines = _read_lines(inputs, "a .txt file (one sentence per line) or .jsonl with a 'text' field")
@@ -81,14 +106,16 @@ def _texts(inputs: Path) -> list[str]:
     return texts
 
 
-def _batches(model: nn.Module, inputs: Path, batch_size: int) -> tuple[int, Iterator[tuple[list[str], torch.Tensor]]]:
+def _batches(
+    model: nn.Module, inputs: Path, batch_size: int, column: str | None = None
+) -> tuple[int, Iterator[tuple[list[str], torch.Tensor]]]:
     """The number of batches, and the (names, model inputs) batches made lazily (one in memory at
     a time) by the export's recorded preprocessing. Every input is listed and checked first."""
     prep = model.preprocessing if isinstance(model, Calibrated) else {}
     if prep.get("kind") == "text":
         from transformers import AutoTokenizer
 
-        texts = _texts(inputs)
+        texts = _texts(inputs, column)
         tok = AutoTokenizer.from_pretrained(prep["tokenizer"])
 
         def text_batches() -> Iterator[tuple[list[str], torch.Tensor]]:
@@ -109,7 +136,7 @@ def _batches(model: nn.Module, inputs: Path, batch_size: int) -> tuple[int, Iter
     settings = {k: (tuple(v) if isinstance(v, list) else v) for k, v in prep.items() if k != "kind"}
     transform = timm.data.create_transform(**settings, is_training=False)
     mode = "L" if settings["input_size"][0] == 1 else "RGB"
-    paths = _image_paths(inputs)
+    paths = _image_paths(inputs, column)
 
     def image_batches() -> Iterator[tuple[list[str], torch.Tensor]]:
         for i in range(0, len(paths), batch_size):
@@ -184,9 +211,11 @@ def predict_inputs(
     top_k: int = 3,
     device: str = "cpu",
     progress: bool = False,
+    column: str | None = None,
 ) -> list[dict]:
     """Per-sample predictions (dicts with the fields the module docstring lists) for `inputs`,
-    from an export folder or a model `compressor.load` returned."""
+    from an export folder or a model `compressor.load` returned; `column`: the text (or image
+    path) column of a CSV, JSON Lines or Parquet file, predicted in the file's row order."""
     check_options(batch_size, top_k)
     device = str(resolve_device(device, "--device"))
     inputs = Path(inputs)
@@ -202,7 +231,7 @@ def predict_inputs(
     conformal = model.conformal if isinstance(model, Calibrated) else {}
     classes = model.class_names if isinstance(model, Calibrated) else []
     rows: list[dict] = []
-    total, batches = _batches(model, inputs, batch_size)
+    total, batches = _batches(model, inputs, batch_size, column)
     for names, x in tqdm(batches, total=total, desc="predict", disable=None if progress else True):
         out, score = model.scored(x.to(device)) if isinstance(model, Calibrated) else (model(x.to(device)), None)
         logits = read(out)

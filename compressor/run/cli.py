@@ -59,7 +59,8 @@ def _parser() -> argparse.ArgumentParser:
         "predict",
         help="per-sample predictions with uncertainty and an OOD flag, from an export",
         description="Predict INPUTS (an image folder or a file listing images; for text models a .txt "
-        "file, one sentence per line, or .jsonl with a 'text' field) with the model exported in EXPORT.",
+        "file, one sentence per line, .jsonl with a 'text' field, or a .csv/.jsonl/.parquet file with "
+        "--column) with the model exported in EXPORT.",
     )
     pr.add_argument("export", metavar="EXPORT", help="an export folder (runs/<name>/export)")
     pr.add_argument("inputs", metavar="INPUTS")
@@ -70,6 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--batch-size", type=int, default=64)
     pr.add_argument("--top-k", type=int, default=3)
     pr.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    pr.add_argument(
+        "--column", default=None, help="INPUTS is a .csv, .jsonl or .parquet file: its text (or image path) column"
+    )
     sub.add_parser("list", help="registered steps, pruners, importances, mergers and model families")
     return p
 
@@ -101,7 +105,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from compressor.deploy.predict import check_output, predict_inputs, write_predictions
 
     check_output(Path(args.out) if args.out else None, Path(args.export), args.overwrite)
-    rows = predict_inputs(args.export, args.inputs, args.batch_size, args.top_k, args.device, progress=True)
+    rows = predict_inputs(
+        args.export, args.inputs, args.batch_size, args.top_k, args.device, progress=True, column=args.column
+    )
     text = write_predictions(rows, Path(args.out) if args.out else None)
     if args.out:
         flagged = sum(1 for r in rows if r["ood"])

@@ -33,6 +33,7 @@ class RunContext:
     members: list[nn.Module] | None = None  # fine-tuned (head-masked) members
     merged: nn.Module | None = None
     merger_name: str | None = None
+    merger_options: dict = field(default_factory=dict)  # what the merge step built the merger with
     metrics: dict | None = None
     outcomes: dict[str, str] = field(default_factory=dict)  # step label -> one line for the report
     log: dict = field(default_factory=dict)  # step label -> details (training histories, ...)

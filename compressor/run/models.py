@@ -81,11 +81,16 @@ def create_model(model_cfg: dict, data: DataBundle) -> nn.Module:
 
 
 # the data keys a trained base depends on (not batch sizes, calibration or OOD settings)
-CACHE_DATA_KEYS = ("source", "root", "img_size", "in_classes", "task", "max_length", "max_samples", "seed")
+CACHE_DATA_KEYS = (
+    "source", "root", "img_size", "in_classes", "task", "max_length", "max_samples", "seed",
+    "path", "data_files", "text_column", "image_column", "label_column", "heldout_fraction",
+)  # fmt: skip
 
 
-def _cache_key(model_cfg: dict, data_cfg: dict, seed: int) -> str:
-    data = {k: data_cfg[k] for k in CACHE_DATA_KEYS if k in data_cfg}
+def _cache_key(model_cfg: dict, data_cfg: dict, seed: int, fingerprint: str = "") -> str:
+    data = {k: data_cfg[k] for k in CACHE_DATA_KEYS if k in data_cfg} | (
+        {"content": fingerprint} if fingerprint else {}
+    )
     blob = json.dumps({"model": model_cfg, "data": data, "seed": seed}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -139,7 +144,7 @@ def build_base(
             ) from e
     tb = model_cfg.get("train_base")
     if tb:
-        key = _cache_key(model_cfg, data_cfg, seed)
+        key = _cache_key(model_cfg, data_cfg, seed, data.fingerprint)
         cached = cache_dir / f"base-{key}.safetensors" if cache_dir is not None and tb.get("cache", True) else None
         state = _cached_state(cached, device)
         if all_true(state is not None):

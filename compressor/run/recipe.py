@@ -21,6 +21,7 @@ from compressor.core.device import check_precision, resolve_device
 from compressor.core.errors import InputError, OptionError, PluginError, RecipeError
 from compressor.core.registry import names, resolve
 from compressor.core.schema import MAX_BATCH, NUM, Field, plugin_parameters, positive, validate_mapping
+from compressor.data.dataset_source import DATASET_FIELDS
 from compressor.run.recipe_yaml import apply_overrides, parse_yaml, resolve_input_paths
 
 
@@ -69,7 +70,8 @@ MODEL_SCHEMA: dict[str, Field] = {
 }
 
 DATA_SCHEMA: dict[str, Field] = {
-    "source": Field((str,), "digits", choices=("digits", "image_folder", "text", "fashion_mnist")),
+    "source": Field((str,), "digits", choices=("digits", "image_folder", "text", "fashion_mnist", "dataset")),
+    **DATASET_FIELDS,
     "task": Field(
         (str,), "sentiment", choices=("sentiment", "topics"), doc="text: which committed benchmark (datasets/README.md)"
     ),
@@ -211,12 +213,25 @@ def _validate_step(where: str, index: int, item: Any) -> tuple[str, dict]:
     return str(name), cfg
 
 
+def recipe_folder(where: str) -> Path:
+    """Where a recipe's relative data files start: its own folder (the working folder for a dict)."""
+    return Path(where).parent if Path(where).is_file() else Path.cwd()
+
+
 def _check_data(where: str, m: dict, d: dict) -> None:
-    if (m["source"] == "hf") != (d["source"] == "text"):
+    texts = d["source"] == "text" or (d["source"] == "dataset" and bool(d["text_column"]))
+    if (m["source"] == "hf") != texts:
         raise RecipeError(
-            f"{where}: data.source: model.source 'hf' goes with data.source 'text' (and only it); "
-            f"got model.source '{m['source']}' with data.source '{d['source']}'"
+            f"{where}: data.source: model.source 'hf' goes with texts (data.source 'text', or 'dataset' with a "
+            f"text_column), and only with them; got model.source '{m['source']}' with data.source '{d['source']}'"
         )
+    if d["source"] == "dataset":
+        from compressor.data.dataset_source import read_user_dataset
+
+        try:  # read and check every split and OOD set before any work
+            read_user_dataset(d, recipe_folder(where))
+        except InputError as e:
+            raise RecipeError(f"{where}: {e}") from e
     if d["source"] == "image_folder":
         if not d["root"]:
             raise RecipeError(f"{where}: data.root: missing; expected a folder for source: image_folder")

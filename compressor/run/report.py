@@ -25,6 +25,16 @@ def _cost_lines(ctx: RunContext) -> list[str]:
     return [*lines, ""]
 
 
+def _time_lines(ctx: RunContext) -> list[str]:
+    """Seconds per step (model + data: loading, preflight, the base trained or read from the cache)."""
+    seconds = ctx.log.get("seconds") or {}
+    if not seconds:
+        return []
+    total = sum(seconds.values())
+    rows = [f"| {step} | {s:.0f} | {s / max(total, 1e-9):.0%} |" for step, s in seconds.items()]
+    return ["## Time", "", "| step | seconds | share |", "|---|---|---|", *rows, f"| total | {total:.0f} | |", ""]
+
+
 def _member_lines(ctx: RunContext) -> list[str]:
     if not ctx.metrics:
         return []
@@ -58,7 +68,7 @@ def write_report(ctx: RunContext) -> None:
             )
         if "plots/finetune.png" in (ctx.log.get("plots") or []):
             lines += ["", "Loss and held-out NLL per step: [plots/finetune.png](plots/finetune.png)."]
-    lines += [""] + _cost_lines(ctx) + _member_lines(ctx)
+    lines += [""] + _time_lines(ctx) + _cost_lines(ctx) + _member_lines(ctx)
     if ctx.metrics:
         lines += ["## Metrics", "", ctx.metrics["table"], "Details: `metrics.json`, `metrics.md`.", ""]
     plots = ctx.log.get("plots") or []

@@ -20,7 +20,7 @@ from compressor.data.bundle import DataBundle
 from compressor.run.context import RunContext
 from compressor.run.models import build_base, create_model, create_timm
 from compressor.run.preflight import preflight
-from compressor.run.recipe import Recipe
+from compressor.run.recipe import Recipe, recipe_folder
 from compressor.run.report import write_report
 from compressor.run.runfolder import RunFolder
 
@@ -45,10 +45,11 @@ class Runner:
     def load_data(self) -> DataBundle:
         r = self.recipe
         probe = None
-        if r.data["source"] in ("image_folder", "fashion_mnist"):  # transforms follow the model's input size
+        images = r.data["source"] == "dataset" and r.data["image_column"]
+        if r.data["source"] in ("image_folder", "fashion_mnist") or images:  # transforms follow the model's input size
             probe = create_timm(r.model["name"], r.model["kwargs"], 1, 3, pretrained=False)
         pretrained = bool(r.model["pretrained"] or r.model.get("weights"))  # weights a pretrained config describes
-        data = load_bundle(r.data, r.model["name"], probe, pretrained=pretrained)
+        data = load_bundle(r.data, r.model["name"], probe, pretrained=pretrained, base=recipe_folder(r.path))
         for note in data.notes:
             warnings.warn(note, stacklevel=2)
         return data
@@ -102,10 +103,13 @@ class Runner:
             with precision_context(self.device, r.precision):
                 ctx = self.setup()
                 ctx.log["started"] = started
+                ctx.log["seconds"] = {"model + data": time.time() - started}
                 bar.update(1)
-                for name, cfg in r.steps:
+                for i, (name, cfg) in enumerate(r.steps):
                     bar.set_postfix_str(name)
+                    t0 = time.time()
                     resolve("step", name).run(ctx, cfg)
+                    ctx.log["seconds"][f"{i + 1}. {name}"] = time.time() - t0
                     bar.update(1)
         except BaseException:
             bar.leave = False  # an error message starts on a clean line

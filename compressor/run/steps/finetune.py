@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from compressor.core.errors import InputError
+from compressor.core.registry import resolve
 from compressor.core.schema import NUM, Field, positive
 from compressor.families import Family, family_of, masked_member
 from compressor.run.context import RunContext
@@ -27,13 +28,14 @@ SCHEMA = {
     "bootstrap": Field(
         (bool,), False, doc="ensembles: each member sees its own bootstrap weighting of every batch (bagging)"
     ),
-    "reinit_head": Field((bool,), False, doc="target members: each member's classifier re-initialised (its seed)"),
+    "reinit_head": Field((bool,), False, doc="each member's classifier re-initialised (its seed)"),
     "reinit_blocks": Field(
         (int, str),
         0,
         check=lambda v: None if v == "all" or (isinstance(v, int) and v >= 0) else "an integer >= 0 or 'all'",
-        doc="target members: each member's last N transformer blocks ('all': every block) re-initialised "
-        "(its seed), so members differ in more than their heads, as Deep Ensemble members do",
+        doc="each member's last N transformer blocks ('all': every block) re-initialised (its seed), so "
+        "members differ in more than their heads, as Deep Ensemble members do; with target merged the "
+        "re-initialised members are fused again and trained as one model",
     ),
     "freeze_embeddings": Field(
         (bool,),
@@ -75,12 +77,10 @@ def _check(cfg: dict, earlier: StepList, later: StepList) -> str | None:
     if target == "auto" and not before & {"prune", "merge"}:
         return "needs a 'prune' or 'merge' step before it"
     merged = target == "merged" or (target == "auto" and "merge" in before)
-    if (cfg["reinit_head"] or cfg["reinit_blocks"]) and merged:
-        return "reinit_head and reinit_blocks need target 'members' (each member re-initialised on its own)"
     if cfg["freeze_embeddings"] and merged:
         return "freeze_embeddings needs target 'members' (a merged model's members share their embeddings already)"
     shared = next((c.get("shared_blocks", 0) for n, c in reversed(earlier) if n == "prune"), 0)
-    if shared and not merged and cfg["reinit_blocks"] == "all":
+    if shared and cfg["reinit_blocks"] == "all":
         return f"reinit_blocks 'all' would redraw the {shared} blocks prune.shared_blocks keeps as the base's"
     if cfg["disagreement"] and not merged:
         return (
@@ -120,6 +120,38 @@ def outside_blocks(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if id(p) not in inside]
 
 
+def redraw(member: nn.Module, cfg: dict, seed: int, shared_blocks: int) -> Family:
+    """Re-initialise the member's last `reinit_blocks` blocks (and classifier, with `reinit_head`)
+    from `seed`, never a block of the shared trunk; return its family."""
+    family = family_of(member)
+    redrawn = reinit_count(cfg["reinit_blocks"], family)
+    if redrawn > family.num_blocks - shared_blocks:
+        raise InputError(
+            f"finetune.reinit_blocks: {cfg['reinit_blocks']} would redraw blocks of the shared trunk "
+            f"(prune.shared_blocks: {shared_blocks} of {family.num_blocks}); expected at most "
+            f"{family.num_blocks - shared_blocks}"
+        )
+    fresh = list(family.blocks()[family.num_blocks - redrawn :])
+    if cfg["reinit_head"]:
+        fresh.append(family.classifier())
+    if fresh:
+        reinitialise(fresh, seed)
+    return family
+
+
+def fused_fresh_members(ctx: RunContext, cfg: dict, seed: int) -> nn.Module:
+    """The merged model rebuilt, by the merger that built it, from members re-initialised as a
+    members fine-tune would (member i from seed + i): the packed pipeline trained as one model."""
+    if ctx.merger_name is None or ctx.masks is None:
+        raise InputError("finetune: reinit_blocks/reinit_head with target merged need the merge step's masks")
+    members = [masked_member(ctx.base, mask) for mask in ctx.masks]
+    for i, member in enumerate(members):
+        redraw(member, cfg, seed + i, ctx.shared_blocks)
+    merger = resolve("merger", ctx.merger_name)(**ctx.merger_options)
+    calib, _ = ctx.calibration()
+    return merger.merge(ctx.base, ctx.masks, members, [b[0] for b in calib])
+
+
 def train_config(ctx: RunContext, cfg: dict) -> TrainConfig:
     keys = TrainConfig.__dataclass_fields__
     tc = TrainConfig(**{k: v for k, v in cfg.items() if k in keys and k != "seed"}, seed=ctx.recipe.seed)
@@ -137,6 +169,8 @@ def finetune(ctx: RunContext, cfg: dict) -> None:
     tc = train_config(ctx, cfg)
     teacher = ctx.base if cfg.get("distill") else None
     if target == "merged":
+        if cfg["reinit_head"] or cfg["reinit_blocks"]:
+            ctx.merged = fused_fresh_members(ctx, cfg, tc.seed)
         ctx.log["finetune merged"] = train(
             ctx.merged,
             ctx.data.train,
@@ -151,19 +185,7 @@ def finetune(ctx: RunContext, cfg: dict) -> None:
     members = ctx.members or [masked_member(ctx.base, m) for m in ctx.masks]
     for i, member in enumerate(members):
         tc_i = TrainConfig(**{**tc.__dict__, "seed": tc.seed + i, "ensemble_member": len(members) > 1})
-        family = family_of(member)
-        redrawn = reinit_count(cfg["reinit_blocks"], family)
-        if redrawn > family.num_blocks - ctx.shared_blocks:
-            raise InputError(
-                f"finetune.reinit_blocks: {cfg['reinit_blocks']} would redraw blocks of the shared trunk "
-                f"(prune.shared_blocks: {ctx.shared_blocks} of {family.num_blocks}); expected at most "
-                f"{family.num_blocks - ctx.shared_blocks}"
-            )
-        fresh = list(family.blocks()[family.num_blocks - redrawn :])
-        if cfg["reinit_head"]:
-            fresh.append(family.classifier())
-        if fresh:
-            reinitialise(fresh, tc_i.seed)
+        family = redraw(member, cfg, tc_i.seed, ctx.shared_blocks)
         frozen = outside_blocks(member) if cfg["freeze_embeddings"] or ctx.shared_blocks else []
         frozen += [p for block in family.blocks()[: ctx.shared_blocks] for p in block.parameters()]
         for p in frozen:

@@ -43,10 +43,11 @@ def _check(cfg: dict, earlier: StepList, later: StepList) -> str | None:
 @register_step("merge", SCHEMA, plugin=("merger", "merger"), check=_check, preflight=_preflight)
 def merge(ctx: RunContext, cfg: dict) -> None:
     """Turn the base model and the masks (or fine-tuned members) into one model."""
-    merger = resolve("merger", cfg["merger"])(**plugin_options(cfg, "merger"))
+    options = plugin_options(cfg, "merger")
+    merger = resolve("merger", cfg["merger"])(**options)
     calib, _ = ctx.calibration()
     ctx.merged = merger.merge(ctx.base, ctx.masks, ctx.members, [b[0] for b in calib])
-    ctx.merger_name = cfg["merger"]
+    ctx.merger_name, ctx.merger_options = cfg["merger"], options
     trunk = merger.shared_trunk(ctx.merged)
     if ctx.shared_blocks and trunk is not None and trunk < ctx.shared_blocks:
         raise InputError(
