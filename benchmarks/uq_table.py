@@ -44,29 +44,28 @@ def recipe_steps() -> list[dict]:
     return [s for s in steps if next(iter(s)) not in ("evaluate", "export")]
 
 
+def packed_steps(fused: bool, **finetune: object) -> list[dict]:
+    """vit_hydra.yaml's packed pipeline written out (the comparison must not move with the recipe):
+    every block and classifier redrawn, 370 steps; `fused`: merged first, trained once as one model."""
+    prune = {"prune": {"pruner": "taylor", "members": 3, "keep_ratio": 0.5, "mlp_keep_ratio": 0.3333}}
+    tune = {"target": "merged" if fused else "members", "steps": 370, "lr": 0.001, "patience": 3}
+    tune |= {"reinit_head": True, "reinit_blocks": "all", **finetune}
+    merge = {"merge": {"merger": "hydra", "mlp": "pruned"}}
+    return [prune, *([merge, {"finetune": tune}] if fused else [{"finetune": tune}, merge]), {"calibrate": {}}]
+
+
 def default_recipe_steps(**finetune: object) -> list[dict]:
-    """recipes/vit_hydra.yaml's steps up to its evaluate, its member fine-tune set to the from-base
-    Hydra the rows named "default recipe" measured (200 steps, no block re-initialised), with
-    `finetune` keys changed for the variants measured beside it."""
-    steps = recipe_steps()
-    for step in steps:
-        if "finetune" in step:
-            step["finetune"].update({"steps": 200, "reinit_blocks": 0, **finetune})
+    """The members-first packed pipeline with its member fine-tune set to the from-base Hydra the rows
+    named "default recipe" measured (200 steps, no block re-initialised), and `finetune` changes."""
+    steps = packed_steps(fused=False)
+    next(s for s in steps if "finetune" in s)["finetune"].update({"steps": 200, "reinit_blocks": 0, **finetune})
     return steps
 
 
-PACKED_FUSED = "default recipe (packed), trained as one fused model"
-
-
-def packed_fused_steps() -> list[dict]:
-    """recipes/vit_hydra.yaml's packed pipeline with its member fine-tune moved after the merge: the
-    same re-initialisation and training settings, one training run of the fused model."""
-    steps = recipe_steps()
-    tune = next(s for s in steps if "finetune" in s)
-    steps.remove(tune)
-    merge = next(i for i, s in enumerate(steps) if "merge" in s)
-    steps.insert(merge + 1, {"finetune": {**tune["finetune"], "target": "merged"}})
-    return steps
+PACKED_SEPARATE = "packed, members trained one by one"
+PACKED_FUSED = "packed, trained as one fused model"
+PACKED_FUSED_BOOTSTRAP = "packed, trained as one fused model, bootstrap data per member"
+PACKED_FUSED_SHORT = "packed, trained as one fused model, 200 steps"
 
 
 def digit_rows(ft: int) -> dict[str, tuple[str | None, list[dict]]]:
@@ -128,7 +127,10 @@ def digit_rows(ft: int) -> dict[str, tuple[str | None, list[dict]]]:
         "default recipe, from the base (paper's pipeline)": ("taylor-units", default_recipe_steps()),
         # the packed members trained as ONE fused model: merged first, every member redrawn from its own
         # seed inside it, then one fine-tune of the fused model (each member's own loss on its stream)
-        PACKED_FUSED: ("taylor-units", packed_fused_steps()),
+        PACKED_SEPARATE: ("taylor-units", packed_steps(fused=False)),
+        PACKED_FUSED: ("taylor-units", packed_steps(fused=True)),
+        PACKED_FUSED_BOOTSTRAP: ("taylor-units", packed_steps(fused=True, bootstrap=True)),
+        PACKED_FUSED_SHORT: ("taylor-units", packed_steps(fused=True, steps=200)),
         "hydra taylor pruned + bootstrap fine-tune": (
             "taylor",
             [taylor, _hydra("pruned"), {"finetune": {**tune["finetune"], "bootstrap": True}}],
@@ -187,8 +189,8 @@ ROW_SETS = {
     ],
     # the calibrate step against the same models without it (issue 26), on the recipe as it ships
     "calibrate": ["default recipe (packed)", "default recipe, from the base (paper's pipeline)"],
-    # the packed members trained one by one (as shipped) against trained as one fused model (issue 41)
-    "fused": ["default recipe (packed)", PACKED_FUSED],
+    # the packed members trained one by one against trained as one fused model (issue 41)
+    "fused": [PACKED_SEPARATE, PACKED_FUSED, PACKED_FUSED_BOOTSTRAP, PACKED_FUSED_SHORT],
 }
 
 

@@ -99,7 +99,9 @@ def read_user_dataset(d: dict, base: Path) -> UserDataset:
         if need not in splits:
             raise InputError(f"data.data_files: no '{need}' split; it has {', '.join(splits)} (name them train, test)")
     kept = {"train": splits["train"], "test": splits["test"], **({"val": splits[heldout]} if heldout else {})}
-    for name, split in kept.items():
+    shown = {"train": "train", "test": "test", "val": heldout}  # the user's own split names, for errors
+    for key, split in kept.items():
+        name = shown[key]
         need_column(split, column, "data", name, f"{kind}_column")
         need_column(split, d["label_column"], "data", name, "label_column")
         if len(split) == 0:
@@ -109,9 +111,9 @@ def read_user_dataset(d: dict, base: Path) -> UserDataset:
         else:
             check_images(split, column, "data", name, base)
     labels = label_encoding(kept["train"], d["label_column"], "data")
-    for name in ("test", "val"):
-        if name in kept:
-            labels.encode(kept[name][d["label_column"]], "data", d["label_column"], name)
+    for key in ("test", "val"):
+        if key in kept:
+            labels.encode(kept[key][d["label_column"]], "data", d["label_column"], shown[key])
     train_keys = set(row_keys(kept["train"], column, kind))
     ood, ood_columns = {}, {}
     for i, entry in enumerate(d["ood"]):

@@ -81,16 +81,14 @@ def create_model(model_cfg: dict, data: DataBundle) -> nn.Module:
 
 
 # the data keys a trained base depends on (not batch sizes, calibration or OOD settings)
-CACHE_DATA_KEYS = (
-    "source", "root", "img_size", "in_classes", "task", "max_length", "max_samples", "seed",
-    "path", "data_files", "text_column", "image_column", "label_column", "heldout_fraction",
-)  # fmt: skip
+CACHE_DATA_KEYS = ("source", "root", "img_size", "in_classes", "task", "max_length", "max_samples", "seed")
+DATASET_CACHE_KEYS = ("path", "data_files", "text_column", "image_column", "label_column", "heldout_fraction")
 
 
 def _cache_key(model_cfg: dict, data_cfg: dict, seed: int, fingerprint: str = "") -> str:
-    data = {k: data_cfg[k] for k in CACHE_DATA_KEYS if k in data_cfg} | (
-        {"content": fingerprint} if fingerprint else {}
-    )
+    """The base's cache name: what it was trained on (a user's dataset: its files' content too)."""
+    keys = CACHE_DATA_KEYS + (DATASET_CACHE_KEYS if data_cfg.get("source") == "dataset" else ())
+    data = {k: data_cfg[k] for k in keys if k in data_cfg} | ({"content": fingerprint} if fingerprint else {})
     blob = json.dumps({"model": model_cfg, "data": data, "seed": seed}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
