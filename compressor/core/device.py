@@ -76,12 +76,18 @@ def check_precision(precision: str, device: torch.device, native_bf16: bool | No
 
 @contextlib.contextmanager
 def precision_context(device: torch.device, precision: str) -> Iterator[None]:
-    """Autocast to `precision` on `device` for everything run inside (nothing for fp32)."""
+    """Autocast to `precision` on `device` for everything run inside (nothing for fp32).
+
+    Without autocast's weight cache: the context spans a whole step, training included, and the
+    cache keeps the low-precision copy of each weight made at its first use until the outermost
+    autocast exits, so every later forward would read the weights as they were then, whatever
+    the optimiser or `load_state_dict` wrote since (a bf16 base trained against its initial
+    weights reached 0.48 accuracy against 0.95 in fp32). Every forward casts the weights afresh."""
     dtype = PRECISIONS[precision]
     if dtype is None:
         yield
         return
-    with torch.autocast(device_type=device.type, dtype=dtype):
+    with torch.autocast(device_type=device.type, dtype=dtype, cache_enabled=False):
         yield
 
 
