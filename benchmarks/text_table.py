@@ -9,7 +9,9 @@ per OOD set and on their mean.
 
 Run each seed as its own process (one after another per task: the Deep Ensemble of seed s is the
 bases of seeds s, s+1, s+2, cached under --out and shared between seeds). Rows: `main` (Hydra as
-recipes/bert_hydra*.yaml ships, a single pruned model) and `levers` (diversity levers).
+the recipes ship it, the averaged MLP; with a third of each MLP; with a shared trunk of 2L/3
+blocks; a single pruned model) and `levers` (the rest). Every Hydra row is scored once with
+max-softmax, mutual information and Mahalanobis (its "+ Mahalanobis" row: the same trained model).
 Results: benchmarks/results/<stem>_seed<s>.json per run, and benchmarks/results/<stem>.json / .md
 over seeds (stem: text_<task>, or image_fashion).
 """
@@ -25,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import yaml
+from text_results import merge, stem
 from uq_table import RESULTS, ROOT, run_row
 
 from compressor.run.recipe import validate_recipe
@@ -35,49 +38,41 @@ from compressor.uq.posthoc import KNearest, Mahalanobis, energy_score, logits_an
 RECIPES = {"sentiment": "bert_hydra.yaml", "topics": "bert_hydra_topics.yaml", "fashion": "dinov2_hydra.yaml"}
 
 
-def stem(task: str) -> str:
-    """The results files' name for a task."""
-    return "image_fashion" if task == "fashion" else f"text_{task}"
-
-
-COLUMNS = [
-    ("acc", "accuracy"), ("NLL", "nll"), ("ECE", "ece"), ("Brier", "brier"), ("AUROC", "auroc_msp"),
-    ("FPR95", "fpr95_msp"), ("AUROC(MI)", "auroc_mi"), ("disagree", "disagreement"),
-    ("FLOPs x", "flops_ratio"), ("params x", "params_ratio"),
-]  # fmt: skip
-
-
 def recipe(task: str) -> dict:
     return yaml.safe_load((ROOT / "recipes" / RECIPES[task]).read_text())
 
 
 def rows(task: str) -> dict[str, list[dict]]:
-    """Row name -> steps before evaluate (the recipe's own, and variants of its member fine-tune)."""
-    steps = [s for s in recipe(task)["steps"] if next(iter(s)) not in ("evaluate", "export")]
+    """Row name -> steps before evaluate: the recipe's own (the paper's averaged MLP) and its
+    variants, and the earlier configuration (a third of each member's MLP, `mlp: pruned`) with the
+    levers measured on it."""
+    shipped = [s for s in recipe(task)["steps"] if next(iter(s)) not in ("evaluate", "export")]
+    pruned = copy.deepcopy(shipped)
+    next(s for s in pruned if "prune" in s)["prune"]["mlp_keep_ratio"] = 0.3333
+    next(s for s in pruned if "merge" in s)["merge"] = {"merger": "hydra", "mlp": "pruned"}
 
     def variant(**tune: object) -> list[dict]:
-        out = copy.deepcopy(steps)
+        out = copy.deepcopy(pruned)
         next(s for s in out if "finetune" in s)["finetune"].update(tune)
         return out
 
-    prune = next(s for s in steps if "prune" in s)["prune"]
-    tune = next(s for s in steps if "finetune" in s)
+    prune = next(s for s in pruned if "prune" in s)["prune"]
+    tune = next(s for s in pruned if "finetune" in s)
     single = {**prune, "members": 1}
     disjoint = {"pruner": "disjoint", "members": 3, "rank_by": "taylor", "mlp_keep_ratio": prune["mlp_keep_ratio"]}
     circuit = {**prune, "pruner": "gradient_free", "metric": ["nll", "auroc", "nll+auroc"]}
     return {
-        "hydra (recipe)": steps,
+        PRUNED: scored_by_features(pruned),
         "single pruned model": [{"prune": single}, copy.deepcopy(tune), {"merge": {"merger": "plain"}}],
-        "hydra, disjoint heads (4 per member)": [{"prune": disjoint}, *copy.deepcopy(steps[1:])],
-        "hydra, circuit heads (validation + outliers)": [{"prune": circuit}, *copy.deepcopy(steps[1:])],
+        "hydra, disjoint heads (4 per member)": [{"prune": disjoint}, *copy.deepcopy(pruned[1:])],
+        "hydra, circuit heads (validation + outliers)": [{"prune": circuit}, *copy.deepcopy(pruned[1:])],
         "hydra, bootstrap data per member": variant(bootstrap=True),
         "hydra, classifier re-initialised": variant(reinit_head=True),
         "hydra, last block re-initialised": variant(reinit_blocks=1),
         "hydra, members tuned 2x longer": variant(steps=300, patience=None),
         "hydra, members distilled from the base": variant(distill={"alpha": 0.5, "temperature": 2.0}),
         "hydra, packed (every block re-initialised)": variant(reinit_blocks="all"),
-        MAHALANOBIS_HYDRA: scored_by_features(steps),
-        **averaged_rows(steps),
+        **averaged_rows(shipped, TRUNKS["fashion" if task == "fashion" else "text"]),
     }
 
 
@@ -90,7 +85,7 @@ def scored_by_features(steps: list[dict]) -> list[dict]:
 AVERAGED = "hydra, averaged MLP (paper)"
 
 
-def averaged_rows(steps: list[dict]) -> dict[str, list[dict]]:
+def averaged_rows(steps: list[dict], trunks: tuple[int, ...]) -> dict[str, list[dict]]:
     """The paper's merge: members keep the whole MLP; the fused model's MLP averages theirs. Its
     variants: a fine-tune after the merge (the shared MLP trained once, through every stream),
     1/3 of the heads per member (attention exactly one model's size), a shared trunk of k blocks."""
@@ -106,19 +101,20 @@ def averaged_rows(steps: list[dict]) -> dict[str, list[dict]]:
     third = copy.deepcopy(out)
     next(s for s in third if "prune" in s)["prune"]["keep_ratio"] = 0.3333
     rows = {AVERAGED: out, f"{AVERAGED}, tuned after the merge": after, f"{AVERAGED}, 1/3 of the heads": third}
-    for k in TRUNKS:
+    for k in trunks:
         trunk = copy.deepcopy(out)
         next(s for s in trunk if "prune" in s)["prune"]["shared_blocks"] = k
         rows[f"{AVERAGED}, shared trunk of {k} blocks"] = trunk
     return rows
 
 
-TRUNKS = (3, 4, 6, 8)  # about L/2 and 2L/3 of MiniLM (L = 6) and DINOv2-S (L = 12)
+TRUNKS = {"text": (3, 4), "fashion": (6, 8)}  # about L/2 and 2L/3 of MiniLM (L = 6) and DINOv2-S (L = 12)
 
 
-MAHALANOBIS_HYDRA = "hydra (recipe) + Mahalanobis"  # the calibrate step deploys the Mahalanobis score
+PRUNED = "hydra, a third of each MLP (mlp: pruned)"  # the pretrained recipes before 2026-12-06
 MAHALANOBIS_DE = "deep_ensemble x3 + Mahalanobis"  # per member on its own features, averaged
-ROW_SETS = {"main": ["hydra (recipe)", "single pruned model"], "mahalanobis": [MAHALANOBIS_HYDRA]}
+ROW_SETS = {"main": [AVERAGED, PRUNED, "single pruned model"]}
+TRUNK_ROW = {"fashion": f"{AVERAGED}, shared trunk of 8 blocks"}  # 2L/3 of DINOv2-S; of MiniLM: 4 blocks
 MAIN_EXTRA = {"fashion": ["hydra, packed (every block re-initialised)"]}  # the packed pipeline beside it
 
 
@@ -238,76 +234,16 @@ def run_seed(
         masks.setdefault(key, row_folder / "masks.json")
         model = next(m for m in summary if m != "base")
         result[name] = {**summary[model], **per_set(row_folder, model), "minutes": (time.time() - t) / 60}
-        if name == MAHALANOBIS_HYDRA:
-            result[name] = with_means(result[name] | per_set(row_folder, model, "mahalanobis"))
-        elif is_scored_by_features(steps):  # the same trained model under its Mahalanobis score
+        if is_scored_by_features(steps):  # the same trained model under its Mahalanobis score
             scored = with_means({**result[name], **per_set(row_folder, model, "mahalanobis")})
             result[f"{name} + Mahalanobis"] = scored
         print(f"{task} seed {seed}: {name} ({time.time() - t:.0f}s)", flush=True)
-    if MAHALANOBIS_HYDRA in wanted:  # its same-score comparison
+    if baselines:  # the same-score comparison of the rows scored by Mahalanobis too
         t = time.time()
         result[MAHALANOBIS_DE] = ensemble_mahalanobis_row(raw, seed, folder / "deep_ensemble_mahalanobis")
         print(f"{task} seed {seed}: {MAHALANOBIS_DE} ({time.time() - t:.0f}s)", flush=True)
     result["_minutes"] = {"total": (time.time() - t0) / 60}
     return result
-
-
-def table(mean: dict, std: dict, sets: list[str], seeds: dict[str, list[int]] | None = None) -> str:
-    """Markdown: COLUMNS then AUROC per OOD set, mean ± std over seeds (a row measured on one seed
-    shows its value alone, its name says which seed)."""
-    cols = [c for c in COLUMNS if any(c[1] in r for r in mean.values())] + [(f"AUROC {s}", f"auroc/{s}") for s in sets]
-    lines = ["| model | " + " | ".join(h for h, _ in cols) + " |", "|---" * (len(cols) + 1) + "|"]
-    for name, r in mean.items():
-        cells = []
-        for _, k in cols:
-            if k not in r:
-                cells.append("")
-            elif k.endswith("_ratio"):
-                cells.append(f"{r[k]:.2f}")
-            elif len((seeds or {}).get(name, [0, 1])) == 1:
-                cells.append(f"{r[k]:.3f}")
-            else:
-                cells.append(f"{r[k]:.3f} ± {std[name][k]:.3f}")
-        only = (seeds or {}).get(name, [0, 1])
-        label = f"{name} (seed {only[0]} only)" if len(only) == 1 else name
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def merge(task: str, seeds: list[int]) -> None:
-    """Mean and std over seeds of every row in text_<task>_seed<s>.json: text_<task>.json and .md."""
-    files = {
-        s: sorted(RESULTS.glob(f"{stem(task)}_seed{s}.json")) + sorted(RESULTS.glob(f"{stem(task)}_seed{s}_*.json"))
-        for s in seeds
-    }
-    summary = RESULTS / f"{stem(task)}.json"
-    earlier = {p["seed"]: p for p in json.loads(summary.read_text())["per_seed"]} if summary.is_file() else {}
-    per_seed = []
-    for s, paths in files.items():  # one seed's rows: an earlier merge's, then its main run and any other part
-        parts = [json.loads(p.read_text()) for p in paths]
-        main_part = [p for p, path in zip(parts, paths) if path.name == f"{stem(task)}_seed{s}.json"]
-        before = earlier.get(s, {"rows": {}})["rows"]
-        minutes = sum(p["rows"].get("_minutes", {}).get("total", 0.0) for p in main_part)  # the main rows' run
-        minutes = minutes or before.get("_minutes", {}).get("total", 0.0)
-        rows = before | {k: v for p in parts for k, v in p["rows"].items()} | {"_minutes": {"total": minutes}}
-        per_seed.append({"task": task, "seed": s, "rows": rows})
-    names = list(dict.fromkeys(n for p in per_seed for n in p["rows"] if n != "_minutes"))
-    have = {n: [p["rows"][n] for p in per_seed if n in p["rows"]] for n in names}
-    keys = {n: [k for k in have[n][0] if isinstance(have[n][0][k], float) and k != "minutes"] for n in names}
-    mean = {n: {k: float(np.mean([r[k] for r in have[n]])) for k in keys[n]} for n in names}
-    std = {n: {k: float(np.std([r[k] for r in have[n]])) for k in keys[n]} for n in names}
-    sets = [k.split("/", 1)[1] for k in mean["base"] if k.startswith("auroc/")]
-    minutes = {str(p["seed"]): round(p["rows"]["_minutes"]["total"], 1) for p in per_seed}
-    payload = {
-        "task": task, "seeds_per_row": {n: [p["seed"] for p in per_seed if n in p["rows"]] for n in names},
-        "minutes_per_seed": minutes, "mean": mean, "std": std, "per_seed": per_seed,
-    }  # fmt: skip
-    (RESULTS / f"{stem(task)}.json").write_text(json.dumps(payload, indent=1))
-    md = table(mean, std, sets, payload["seeds_per_row"])
-    (RESULTS / f"{stem(task)}.md").write_text(md)
-    for path in (p for paths in files.values() for p in paths):
-        path.unlink()
-    print(md)
 
 
 def main() -> None:
@@ -324,10 +260,10 @@ def main() -> None:
         merge(args.task, args.merge)
         return
     every = list(rows(args.task))
-    levers = [n for n in every if n not in ROW_SETS["main"] and n not in ROW_SETS["mahalanobis"]]
     main_rows = ROW_SETS["main"] + MAIN_EXTRA.get(args.task, [])
-    levers = [n for n in levers if n not in main_rows]
-    named = {"main": main_rows, "levers": levers, "all": every, "mahalanobis": ROW_SETS["mahalanobis"]}
+    main_rows.append(TRUNK_ROW.get(args.task, f"{AVERAGED}, shared trunk of 4 blocks"))
+    levers = [n for n in every if n not in main_rows]
+    named = {"main": main_rows, "levers": levers, "all": every}
     wanted = named.get(args.rows) or args.rows.split(";")
     out = Path(args.out or f"runs/{stem(args.task)}")
     result = run_seed(args.task, args.seed, wanted, out, args.quick, baselines=not args.no_baselines)

@@ -65,7 +65,7 @@ def test_text_table_merges_new_rows_into_an_earlier_summary(tmp_path, monkeypatc
     """A row run later (its own part file) joins the earlier summary's rows seed by seed; a row
     measured on one seed shows its value alone, named with its seed, never as '± 0.000'."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    text_table = _load("text_table")
+    text_table = _load("text_results")
     monkeypatch.setattr(text_table, "RESULTS", tmp_path)
 
     def part(seed: int, rows: dict, suffix: str = "") -> None:
@@ -88,3 +88,19 @@ def test_text_table_merges_new_rows_into_an_earlier_summary(tmp_path, monkeypatc
     md = (tmp_path / "text_topics.md").read_text()
     assert "| lever (seed 0 only) | 0.300 |" in md and "| base | 0.700 ± 0.163 |" in md
     assert not list(tmp_path.glob("text_topics_seed*.json"))  # the parts are merged away
+
+
+def test_side_by_side_latency_goes_to_every_row_of_the_same_architecture(tmp_path, monkeypatch):
+    """cost_quality.py --latency stores one ratio per architecture; a merge gives it to the rows that
+    run that model (its Mahalanobis-scored and merge-tuned rows too) and drops the in-run figures."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    results = _load("text_results")
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+    row = {"accuracy": 0.9, "auroc/a": 0.8, "fpr95/a": 0.5, "latency_ratio": 9.4}
+    names = ["base", "base + Mahalanobis", "hydra", "hydra + Mahalanobis", "hydra, tuned after the merge", "other"]
+    per_seed = [{"task": "topics", "seed": 0, "rows": {n: dict(row) for n in names}}]
+    latency = {"ratios": {"base": 1.0, "hydra": 2.0}}
+    (tmp_path / "text_topics.json").write_text(json.dumps({"per_seed": per_seed, "cpu_latency": latency}))
+    results.merge("topics", [0])
+    mean = json.loads((tmp_path / "text_topics.json").read_text())["mean"]
+    assert [mean[n].get("latency_ratio") for n in names] == [1.0, 1.0, 2.0, 2.0, 2.0, None]
