@@ -7,7 +7,7 @@ scored by Mahalanobis distance drawn hollow. Writes benchmarks/results/<stem>.pn
 
 `--latency` rebuilds each configuration's fused model from the base and a row's masks (seed 0 under
 runs/<stem>; latency does not depend on the weights) and times all of them side by side in one
-process, round-robin, batch 64: median ratios to the base, written to benchmarks/results/<stem>.json
+process, in turn, batch 64: median ratios to the base, written to benchmarks/results/<stem>.json
 as `cpu_latency` (run it on an otherwise idle machine).
 """
 
@@ -19,7 +19,6 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from text_table import AVERAGED, PRUNED, RECIPES, RESULTS, recipe, stem
 
@@ -99,33 +98,16 @@ def models_to_time(task: str, runs: Path) -> dict[str, torch.nn.Module]:
     return models, next(iter(torch.utils.data.DataLoader(ctx.data.test, batch_size=64)))[0]
 
 
-@torch.no_grad()
-def side_by_side(models: dict[str, torch.nn.Module], x: torch.Tensor, rounds: int = 15) -> dict[str, float]:
-    """Median over `rounds` of each model's forward time divided by the base's in the same round
-    (models in a new random order each round, one warm-up pass each)."""
-    for m in models.values():
-        m(x)
-    ratios = {n: [] for n in models}
-    order = np.random.default_rng(0)
-    for _ in range(rounds):
-        times = {}
-        for name in order.permutation(list(models)):
-            t = time.perf_counter()
-            models[name](x)
-            times[name] = time.perf_counter() - t
-        for name in models:
-            ratios[name].append(times[name] / times["base"])
-    return {n: float(np.median(r)) for n, r in ratios.items()}
-
-
 def measure_latency(task: str, runs: Path) -> dict[str, float]:
+    from compressor.uq.evaluate import latency_ratios
+
     models, x = models_to_time(task, runs)
-    ratios = side_by_side(models, x)
+    ratios = latency_ratios(models, x, "base", rounds=15)
     path = RESULTS / f"{stem(task)}.json"
     payload = json.loads(path.read_text())
     payload["cpu_latency"] = {
         "ratios": ratios, "batch": len(x), "threads": torch.get_num_threads(),
-        "date": time.strftime("%Y-%m-%d"), "how": "side by side, round-robin, median of 15 rounds",
+        "date": time.strftime("%Y-%m-%d"), "how": "every model in turn, median of 15 rounds (latency_ratios)",
     }  # fmt: skip
     path.write_text(json.dumps(payload, indent=1))
     return ratios

@@ -74,20 +74,26 @@ def flops_per_sample(model: nn.Module, x: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def median_latency(model: nn.Module, x: torch.Tensor, repeats: int = 7) -> float:
-    """Median wall time of a forward pass over `repeats` (after one warm-up), GPU work waited for."""
-    model.eval()
-    device = model_device(model)
-    x = x.to(device)
-    model(x)
-    times = []
-    for _ in range(repeats):
-        synchronize(device)
-        t0 = time.perf_counter()
-        model(x)
-        synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+def latency_ratios(models: dict[str, nn.Module], x: torch.Tensor, reference: str, rounds: int = 9) -> dict[str, float]:
+    """Each model's forward time over the `reference` model's, the median over `rounds` rounds in
+    which every model runs once, in turn (after one warm-up pass each), GPU work waited for: a burst
+    of load on a shared machine lands on the models of one round alike, not on one model's repeats."""
+    for model in models.values():
+        model.eval()(x.to(model_device(model)))
+    ratios: dict[str, list[float]] = {name: [] for name in models}
+    for _ in range(rounds):
+        seconds = {}
+        for name, model in models.items():
+            device = model_device(model)
+            xs = x.to(device)
+            synchronize(device)
+            t0 = time.perf_counter()
+            model(xs)
+            synchronize(device)
+            seconds[name] = time.perf_counter() - t0
+        for name in models:
+            ratios[name].append(seconds[name] / seconds[reference])
+    return {name: float(np.median(r)) for name, r in ratios.items()}
 
 
 def conformal_test_report(model: nn.Module, data: DataBundle, test, batch_size: int, coverage: float) -> dict:
@@ -214,17 +220,16 @@ def evaluate_models(
     coverage = stored[0] if stored else DEFAULT_COVERAGE
     results, arrays = {}, {}
     x = next(iter(torch.utils.data.DataLoader(data.test, batch_size=64)))[0]
-    latencies = {}
     for name, model in models.items():
         arrays[name] = {}
         res = evaluate_model(model, data, batch_size, keep=arrays[name], coverage=coverage)
         res["params"] = count_params(model)
         res["mflops"] = flops_per_sample(model, x[:16]) / 1e6
-        latencies[name] = median_latency(model, x)
         results[name] = res
-    ref = reference if reference in latencies else next(iter(latencies))
+    ref = reference if reference in models else next(iter(models))
+    latency = latency_ratios(models, x, ref)
     for name, res in results.items():
-        res["latency_ratio"] = latencies[name] / latencies[ref]
+        res["latency_ratio"] = latency[name]
         res["params_ratio"] = res["params"] / results[ref]["params"]
         res["flops_ratio"] = res["mflops"] / results[ref]["mflops"]
     rows = {name: summarize(r) for name, r in results.items()}
