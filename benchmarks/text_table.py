@@ -69,7 +69,7 @@ def rows(task: str) -> dict[str, list[dict]]:
         "hydra, bootstrap data per member": variant(bootstrap=True),
         "hydra, classifier re-initialised": variant(reinit_head=True),
         "hydra, last block re-initialised": variant(reinit_blocks=1),
-        "hydra, members tuned 2x longer": variant(steps=300, patience=None),
+        "hydra, members tuned 2x longer": variant(**LONGER),
         "hydra, members distilled from the base": variant(distill={"alpha": 0.5, "temperature": 2.0}),
         "hydra, packed (every block re-initialised)": variant(reinit_blocks="all"),
         **averaged_rows(shipped, TRUNKS["fashion" if task == "fashion" else "text"]),
@@ -101,6 +101,9 @@ def averaged_rows(steps: list[dict], trunks: tuple[int, ...]) -> dict[str, list[
     third = copy.deepcopy(out)
     next(s for s in third if "prune" in s)["prune"]["keep_ratio"] = 0.3333
     rows = {AVERAGED: out, f"{AVERAGED}, tuned after the merge": after, f"{AVERAGED}, 1/3 of the heads": third}
+    for name, change in (("bootstrap data per member", {"bootstrap": True}), ("members tuned 2x longer", LONGER)):
+        rows[f"{AVERAGED}, {name}"] = copy.deepcopy(out)
+        next(s for s in rows[f"{AVERAGED}, {name}"] if "finetune" in s)["finetune"].update(change)
     for k in trunks:
         trunk = copy.deepcopy(out)
         next(s for s in trunk if "prune" in s)["prune"]["shared_blocks"] = k
@@ -108,6 +111,7 @@ def averaged_rows(steps: list[dict], trunks: tuple[int, ...]) -> dict[str, list[
     return rows
 
 
+LONGER = {"steps": 300, "patience": None}  # twice the recipes' 150 member steps, no early stop
 TRUNKS = {"text": (3, 4), "fashion": (6, 8)}  # about L/2 and 2L/3 of MiniLM (L = 6) and DINOv2-S (L = 12)
 
 
