@@ -98,9 +98,13 @@ def averaged_rows(steps: list[dict], trunks: tuple[int, ...]) -> dict[str, list[
     after = [s for s in copy.deepcopy(out) if "finetune" not in s]
     merged_tune = {k: v for k, v in tune.items() if k != "freeze_embeddings"} | {"target": "merged"}
     after.insert(next(i for i, s in enumerate(after) if "merge" in s) + 1, {"finetune": merged_tune})
+    both = copy.deepcopy(out)  # the members' own fine-tunes, then a short one of the fused model
+    short = merged_tune | {"steps": 50, "eval_every": 25}
+    both.insert(next(i for i, s in enumerate(both) if "merge" in s) + 1, {"finetune": short})
     third = copy.deepcopy(out)
     next(s for s in third if "prune" in s)["prune"]["keep_ratio"] = 0.3333
     rows = {AVERAGED: out, f"{AVERAGED}, tuned after the merge": after, f"{AVERAGED}, 1/3 of the heads": third}
+    rows[f"{AVERAGED}, members tuned, then 50 steps after the merge"] = both
     for name, change in (("bootstrap data per member", {"bootstrap": True}), ("members tuned 2x longer", LONGER)):
         rows[f"{AVERAGED}, {name}"] = copy.deepcopy(out)
         next(s for s in rows[f"{AVERAGED}, {name}"] if "finetune" in s)["finetune"].update(change)
