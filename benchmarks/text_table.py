@@ -112,6 +112,9 @@ def averaged_rows(steps: list[dict], trunks: tuple[int, ...]) -> dict[str, list[
         trunk = copy.deepcopy(out)
         next(s for s in trunk if "prune" in s)["prune"]["shared_blocks"] = k
         rows[f"{AVERAGED}, shared trunk of {k} blocks"] = trunk
+        # members that the held-out NLL would keep at step 0 (near-copies of the base) kept as trained
+        last = rows[f"{AVERAGED}, shared trunk of {k} blocks, last weights kept"] = copy.deepcopy(trunk)
+        next(s for s in last if "finetune" in s)["finetune"].update(patience=None, keep="last")
     return rows
 
 

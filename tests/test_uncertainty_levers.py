@@ -207,6 +207,21 @@ def test_a_fine_tune_that_makes_the_model_worse_leaves_it_as_it_was(digits_small
     assert all(torch.equal(v, before[k]) for k, v in vit.state_dict().items()), "step-0 weights kept"
 
 
+def test_keep_last_keeps_the_weights_as_trained_even_when_no_step_beat_step_0(digits_small, trained_vit):
+    """`keep: last` (members that would stay near-copies of the base): the same weights as training
+    without a held-out split, where `keep: best` falls back to step 0."""
+    _, train_set, val = digits_small
+    cfg = dict(steps=4, batch_size=32, lr=5.0, warmup_steps=1, eval_every=2)
+    weights = {}
+    for keep, held in (("last", val), ("best", val), ("none", None)):
+        vit = copy.deepcopy(trained_vit)
+        history = train(vit, train_set, held, TrainConfig(**cfg, keep="best" if keep == "none" else keep))
+        weights[keep] = vit.state_dict()
+        assert history["kept"] == ("last" if keep != "best" else "best")
+    assert all(torch.equal(v, weights["none"][k]) for k, v in weights["last"].items())
+    assert not all(torch.equal(v, weights["best"][k]) for k, v in weights["last"].items())
+
+
 def test_flops_are_counted_and_hydra_pruned_costs_about_one_model():
     assert flops_per_sample(torch.nn.Linear(10, 20), torch.randn(3, 10)) == 2 * 10 * 20
     vit = make_vit("small_avg")  # 8 heads, 3 members of 8/3 heads and 1/3 of the MLP

@@ -41,6 +41,12 @@ TRAIN_FIELDS: dict[str, Field] = {
     "label_smoothing": Field(NUM, 0.0),
     "eval_every": Field((int,), 25, check=positive),
     "patience": Field((int, type(None)), None, doc="evaluations without val-NLL improvement before stopping"),
+    "keep": Field(
+        (str,),
+        "best",
+        choices=("best", "last"),
+        doc="the weights kept: 'best' held-out NLL (step 0 if no step beat it) or 'last' (as trained)",
+    ),  # fmt: skip
 }
 
 MODEL_SCHEMA: dict[str, Field] = {

@@ -62,6 +62,7 @@ def write_report(ctx: RunContext) -> None:
         for label, h in tunes.items():
             b, a = h["before"], h["after"]
             kept = "0 (no step improved)" if h["best_step"] == 0 else str(h["best_step"])
+            kept = f"last ({len(h['loss'])})" if h.get("kept") == "last" else kept
             lines.append(
                 f"| {label} | {b['accuracy']:.3f} | {a['accuracy']:.3f} | {b['nll']:.3f} | {a['nll']:.3f} | "
                 f"{b['ece']:.3f} | {a['ece']:.3f} | {kept} | {h['seconds']:.0f} |"

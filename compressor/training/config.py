@@ -17,6 +17,7 @@ class TrainConfig:
     label_smoothing: float = 0.0
     eval_every: int = 25
     patience: int | None = None  # evaluations without improvement before stopping; None: never
+    keep: str = "best"  # the weights kept at the end: "best" held-out NLL, or "last" as trained
     seed: int = 0
     bootstrap: bool = False  # ensembles: each member weighs each sample by its own Poisson(1) draw
     ensemble_member: bool = False  # one member trained alone: per-member levers (bootstrap) apply to it

@@ -123,7 +123,9 @@ def train(
     """Train `model` in place for `cfg.steps` steps; return the history (losses, val NLL, best step).
 
     The held-out NLL is measured before the first step too, so a fine-tune that makes the model
-    worse leaves it as it was. Ensemble levers (no effect on a single model): `cfg.bootstrap`
+    worse leaves it as it was (`cfg.keep` "best"; "last" keeps the weights as trained: members
+    that would stay at step 0 are near-copies of the base, which an ensemble gains nothing from).
+    Ensemble levers (no effect on a single model): `cfg.bootstrap`
     weighs each sample by a per-member Poisson(1) draw (bagging inside one fused model, or, for
     a member trained alone with `cfg.ensemble_member`, by that member's own draws);
     `cfg.disagreement` subtracts that multiple of the members' mutual information on synthetic
@@ -168,8 +170,9 @@ def train(
             history["stopped_early"] = True
             break
     bar.close()
-    if stopping.best_state is not None:
+    if stopping.best_state is not None and cfg.keep == "best":
         model.load_state_dict(stopping.best_state)
+    history["kept"] = cfg.keep if val_ds is not None else "last"
     model.eval()
     if val_ds is not None:
         history["after"] = heldout_metrics(model, val_ds)
