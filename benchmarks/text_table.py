@@ -105,7 +105,9 @@ def averaged_rows(steps: list[dict], trunks: tuple[int, ...]) -> dict[str, list[
     next(s for s in third if "prune" in s)["prune"]["keep_ratio"] = 0.3333
     rows = {AVERAGED: out, f"{AVERAGED}, tuned after the merge": after, f"{AVERAGED}, 1/3 of the heads": third}
     rows[f"{AVERAGED}, members tuned, then 50 steps after the merge"] = both
-    for name, change in (("bootstrap data per member", {"bootstrap": True}), ("members tuned 2x longer", LONGER)):
+    levers = {"bootstrap data per member": {"bootstrap": True}, "members tuned 2x longer": LONGER}
+    levers["last weights kept"] = LAST
+    for name, change in levers.items():
         rows[f"{AVERAGED}, {name}"] = copy.deepcopy(out)
         next(s for s in rows[f"{AVERAGED}, {name}"] if "finetune" in s)["finetune"].update(change)
     for k in trunks:
@@ -114,11 +116,12 @@ def averaged_rows(steps: list[dict], trunks: tuple[int, ...]) -> dict[str, list[
         rows[f"{AVERAGED}, shared trunk of {k} blocks"] = trunk
         # members that the held-out NLL would keep at step 0 (near-copies of the base) kept as trained
         last = rows[f"{AVERAGED}, shared trunk of {k} blocks, last weights kept"] = copy.deepcopy(trunk)
-        next(s for s in last if "finetune" in s)["finetune"].update(patience=None, keep="last")
+        next(s for s in last if "finetune" in s)["finetune"].update(LAST)
     return rows
 
 
 LONGER = {"steps": 300, "patience": None}  # twice the recipes' 150 member steps, no early stop
+LAST = {"patience": None, "keep": "last"}  # members kept as trained, not at their best held-out step
 TRUNKS = {"text": (3, 4), "fashion": (6, 8)}  # about L/2 and 2L/3 of MiniLM (L = 6) and DINOv2-S (L = 12)
 
 
