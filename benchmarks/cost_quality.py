@@ -34,8 +34,18 @@ ARCHITECTURES = {
 }
 
 
+SHORT = {
+    AVERAGED: "hydra avg", PRUNED: "hydra 1/3 MLP", "deep_ensemble x3": "deep ensemble", ", shared trunk of ": " trunk",
+    " blocks": "", " of ": " ", ", last weights kept": " (last)", ", tuned after the merge": " tuned after merge",
+    " + Mahalanobis": " + Maha", ", members tuned, then 50 steps after the merge": " + 50 merged steps",
+}  # fmt: skip
+SAME_NLL = ("Mahalanobis", "energy", "kNN")  # an OOD score only: the NLL of the row it scores
+
+
 def short(name: str) -> str:
-    return name.replace(AVERAGED, "hydra avg").replace("deep_ensemble x3", "deep ensemble")
+    for long, brief in SHORT.items():
+        name = name.replace(long, brief)
+    return name
 
 
 def plot(task: str) -> str:
@@ -55,10 +65,12 @@ def plot(task: str) -> str:
         (axes[1], "nll", "test NLL (lower is better)"),
     ):
         for name, r in wanted.items():
+            if key == "nll" and any(k in name for k in SAME_NLL):
+                continue
             hollow = "Mahalanobis" in name
             colour = "tab:red" if "hydra" in name else "tab:blue" if "deep" in name else "tab:gray"
             ax.scatter(r["flops_ratio"], r[key], s=50, facecolors="none" if hollow else colour, edgecolors=colour)
-            tag = short(name) + ("" if len(seeds.get(name, [])) > 1 else f" (seed {seeds[name][0]})")
+            tag = short(name) + ("" if len(seeds.get(name, [])) > 1 else f" (s{seeds[name][0]})")
             ax.annotate(tag, (r["flops_ratio"], r[key]), fontsize=6.5, xytext=(4, 2), textcoords="offset points")
         ax.set_xlabel("FLOPs per sample, x the base (FlopCounterMode)")
         ax.set_ylabel(label)
