@@ -35,8 +35,10 @@ def test_bert_hydra_runs_end_to_end(tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     hydra, base = metrics["models"]["hydra"], metrics["models"]["base"]
     assert set(hydra["ood"]) == {"plot_summaries", "headlines", "wiki_en", "wiki_fr", "wiki_es"}
-    # one shared copy of the frozen embeddings: without it the fused model would hold three (about 2x)
-    assert hydra["params_ratio"] < 1.15 and hydra["flops_ratio"] < 1.25, (hydra["params_ratio"], hydra["flops_ratio"])
+    # one shared copy of the frozen embeddings (without it three, about 2x the parameters) and one
+    # averaged MLP per block; its FLOPs are the paper's: the whole MLP runs on all 3 member streams
+    assert hydra["params_ratio"] < 1.15, hydra["params_ratio"]
+    assert 2.3 < hydra["flops_ratio"] < 2.7, hydra["flops_ratio"]
     assert base["params_ratio"] == 1.0
     spec = json.loads((out / "export" / "config.json").read_text())["hydra_spec"]
     assert spec["shared"]["stem"] is True
