@@ -47,6 +47,7 @@ MODELS = [
     "single_split",
     "deep_ensemble",
     "hydra_average",
+    "hydra_average_trunk",
     "hydra_grouped",
     "hydra_pruned",
     "hydra_pruned_tuned",
@@ -81,6 +82,9 @@ def build(shape: str, kind: str, chunk_bytes: int = INFERENCE_CHUNK_BYTES, membe
     masks = []
     for m in range(members):  # disjoint split: member m keeps heads m, m+M, ...
         masks.append(HeadMask.from_kept([list(range(m, h, members)) or [m % h] for h in heads], heads))
+    if kind.endswith("_trunk"):  # prune.shared_blocks: the first 2/3 of the blocks whole, run once
+        masks = [mask.with_whole_blocks(2 * len(heads) // 3) for mask in masks]
+        kind = kind.removesuffix("_trunk")
     tuned = None
     if kind.endswith("_tuned"):  # as after fine-tuning members separately: every part differs per member
         tuned = [_perturbed(base, seed) for seed in range(members)]

@@ -21,7 +21,14 @@ class EnsembleOutput(NamedTuple):
 
     @classmethod
     def from_logits(cls, member_logits: torch.Tensor) -> EnsembleOutput:
-        return cls(member_logits, member_logits.softmax(-1).mean(0))
+        """The averaged softmax in float32 at least: bf16 logits (autocast) would give rows summing to 0.998."""
+        return cls(member_logits, _softmax_mean(member_logits))
+
+
+def _softmax_mean(member_logits: torch.Tensor) -> torch.Tensor:
+    """mean_m softmax(logits_m), computed in float32 or wider whatever the logits' dtype."""
+    wide = member_logits if member_logits.dtype == torch.float64 else member_logits.float()
+    return wide.softmax(-1).mean(0)
 
 
 def ensemble_probs(output: Any, member_logits: torch.Tensor) -> torch.Tensor:
@@ -29,7 +36,7 @@ def ensemble_probs(output: Any, member_logits: torch.Tensor) -> torch.Tensor:
     EnsembleOutput (a calibrated model's), else the mean of the members' softmax."""
     if isinstance(output, EnsembleOutput):
         return output.probs
-    return member_logits.softmax(-1).mean(0)
+    return _softmax_mean(member_logits)
 
 
 def logits_reader(model: nn.Module) -> Callable[[Any], torch.Tensor]:
