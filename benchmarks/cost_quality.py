@@ -93,15 +93,18 @@ def models_to_time(task: str, runs: Path) -> dict[str, torch.nn.Module]:
     from mergers.hydra import HydraMerger
 
     raw = recipe(task) | {"seed": 0, "cache_dir": str(runs / ".cache")}
-    raw["steps"] = []
+    raw["steps"] = [s for s in raw["steps"] if "prune" in s]  # validated, never run: setup() builds base + data
     ctx = Runner(validate_recipe(raw, where="cost_quality"), runs / "latency", quiet=True).setup()
     base = ctx.base.eval()
     models = {"base": base, "deep_ensemble x3": DeepEnsemble([copy.deepcopy(base) for _ in range(3)])}
     if raw["data"]["source"] == "text":
         models["mc_dropout"] = MCDropout(base, samples=4)
     calib = [b[0] for b in ctx.calibration()[0]]
+    folder_of = lambda name: runs / "seed0" / "".join(c if c.isalnum() else "_" for c in name)  # noqa: E731
     for name, mlp in ARCHITECTURES.items():
-        folder = runs / "seed0" / "".join(c if c.isalnum() else "_" for c in name)
+        folder = folder_of(name)
+        if name == PRUNED and not (folder / "masks.json").is_file():
+            folder = folder_of(AVERAGED)  # the same head masks; the merge keeps a third of each MLP (1/M)
         if not (folder / "masks.json").is_file():
             continue
         masks = load_masks(folder / "masks.json")

@@ -46,7 +46,9 @@ def table(mean: dict, std: dict, sets: list[str], seeds: dict[str, list[int]] | 
 
 def architecture(row: str) -> str:
     """The model a row runs (rows that differ only in training or OOD score share one)."""
-    name = row.removesuffix(" + Mahalanobis").replace(", tuned after the merge", "")
+    name = row.removesuffix(" + Mahalanobis")
+    for training_only in (", tuned after the merge", ", last weights kept"):
+        name = name.replace(training_only, "")
     return "base" if name.startswith("base") else name
 
 

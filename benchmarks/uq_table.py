@@ -130,7 +130,7 @@ def digit_rows(ft: int) -> dict[str, tuple[str | None, list[dict]]]:
         PACKED_SEPARATE: ("taylor-units", packed_steps(fused=False)),
         PACKED_FUSED: ("taylor-units", packed_steps(fused=True)),
         PACKED_FUSED_BOOTSTRAP: ("taylor-units", packed_steps(fused=True, bootstrap=True)),
-        PACKED_FUSED_SHORT: ("taylor-units", packed_steps(fused=True, steps=200)),
+        **{f"{PACKED_FUSED}, {n} steps": ("taylor-units", packed_steps(fused=True, steps=n)) for n in (200, 250)},
         "hydra taylor pruned + bootstrap fine-tune": (
             "taylor",
             [taylor, _hydra("pruned"), {"finetune": {**tune["finetune"], "bootstrap": True}}],
@@ -288,23 +288,24 @@ def write_results(stem: str, seeds: list[int], per_seed: list[dict], minutes: fl
     print(table)
 
 
-def merge_results(stems: list[str], into: str, keep: str) -> None:
-    """Join result files of seeds run in separate processes into one (`keep`: a field taken from the first)."""
-    parts = [json.loads((RESULTS / f"{stem}.json").read_text()) for stem in stems]
-    seeds = [s for part in parts for s in part["seeds"]]
-    per_seed = [r for part in parts for r in part["per_seed"]]
+def merge_results(stems: list[str], into: str, keep: str = "rows") -> None:
+    """Join result files of seeds or rows run in separate processes into one (a seed's rows joined;
+    `keep`: a field of every part, lists joined, anything else taken from the first)."""
+    parts, by_seed = [json.loads((RESULTS / f"{stem}.json").read_text()) for stem in stems], {}
+    for part in parts:
+        for seed, rows in zip(part["seeds"], part["per_seed"]):
+            by_seed.setdefault(seed, {}).update(rows)
+    kept = parts[0][keep]
+    if isinstance(kept, list):
+        kept = list(dict.fromkeys(n for part in parts for n in part[keep]))
     minutes = round(sum(part["minutes"] for part in parts), 1)
-    write_results(into, seeds, per_seed, minutes, **{keep: parts[0][keep]})
+    write_results(into, sorted(by_seed), [by_seed[s] for s in sorted(by_seed)], minutes, **{keep: kept})
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument(
-        "--rows",
-        default=None,
-        help="all, main, check, or row names separated by ';' (default: all)",
-    )
+    p.add_argument("--rows", default=None, help="all, main, check, or row names separated by ';' (default: all)")
     p.add_argument("--finetune-steps", type=int, default=100)
     p.add_argument(
         "--de-steps",
@@ -331,7 +332,7 @@ def main() -> None:
     p.add_argument("--merge", nargs="+", default=None, metavar="TAG", help="combine result files (seeds) into --tag")
     args = p.parse_args()
     if args.merge:  # seeds run in separate processes, joined into one table
-        merge_results([f"uq_table_{t}" for t in args.merge], f"uq_table_{args.tag}", keep="rows")
+        merge_results([f"uq_table_{t}" for t in args.merge], f"uq_table_{args.tag}")
         return
     every = digit_rows(args.finetune_steps)
     rows_arg = args.rows or "all"

@@ -59,6 +59,13 @@ def test_results_of_seeds_run_apart_merge_into_the_mean_over_the_seeds_that_have
     assert joined["std"]["base"]["acc"] == pytest.approx(np.std([0.5, 0.7, 0.9]))
     assert joined["mean"]["extra"]["acc"] == pytest.approx(0.1) and joined["seeds_per_row"]["extra"] == [0]
     assert (tmp_path / "joined.md").exists()
+    # a row run later for the same seeds, in its own process: joined seed by seed, not as new seeds
+    uq_table.write_results("c", [0, 2], [{"later": {"acc": 0.2}}, {"later": {"acc": 0.4}}], 1.0, rows=["later"])
+    uq_table.merge_results(["joined", "c"], "all")
+    joined = json.loads((tmp_path / "all.json").read_text())
+    assert joined["seeds"] == [0, 1, 2] and joined["rows"] == ["extra", "later"]
+    assert joined["seeds_per_row"] == {"base": [0, 1, 2], "extra": [0], "later": [0, 2]}
+    assert joined["mean"]["later"]["acc"] == pytest.approx(0.3) and joined["mean"]["base"]["acc"] == pytest.approx(0.7)
 
 
 def test_text_table_merges_new_rows_into_an_earlier_summary(tmp_path, monkeypatch):

@@ -91,7 +91,7 @@ def test_custom_pruner_by_import_path(tmp_path):
         str(tmp_path / "run"),
         *SMALL,
         "--set",
-        "steps.1.finetune.steps=2",
+        "steps.2.finetune.steps=2",
         "--set",
         "steps.4.evaluate.plots=false",
     ]
@@ -122,7 +122,7 @@ def test_merger_that_cannot_fuse_the_architecture_fails_in_validate(tmp_path):
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in out.stderr
-    assert lines[0].startswith(f"error: {hydra}: steps[2].merge: hydra merger does not support this model:")
+    assert lines[0].startswith(f"error: {hydra}: steps[1].merge: hydra merger does not support this model:")
     assert "norm RmsNorm (LayerNorm expected)" in lines[0]
     run = tmp_path / "runs" / "r"
     out = run_cli(["apply", hydra, *SMALL, "--set", "model.kwargs.norm_layer=rmsnorm", "--out", str(run)], tmp_path)

@@ -79,7 +79,7 @@ def mahalanobis_run(tmp_path_factory):
         str(root / "run"),
         *SMALL,
         "--set",
-        "steps.1.finetune.steps=2",
+        "steps.2.finetune.steps=2",
         "--set",
         "steps.3.calibrate.ood_score=mahalanobis",
         "--set",

@@ -91,7 +91,7 @@ def test_default_recipe_runs_on_the_cpu_in_bf16(tmp_path):
     out_dir = tmp_path / "run"
     args = ["apply", str(ROOT / "recipes" / "vit_hydra.yaml"), "--out", str(out_dir), *SMALL]
     args += ["--set", "device=cpu", "--set", "precision=bf16", "--set", "steps.4.evaluate.plots=false"]
-    args += ["--set", "steps.1.finetune.steps=3"]
+    args += ["--set", "steps.2.finetune.steps=3"]
     result = run_cli(args, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((out_dir / "metrics.json").read_text())
