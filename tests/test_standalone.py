@@ -1,6 +1,6 @@
 """Exports that their own library loads without compressor: a plain timm export rebuilt with timm
-and torch alone (the README's snippet, run in a process that never imports compressor), and a
-MiniLM export read with transformers alone (the README's text snippet: encoder, tokenizer,
+and torch alone (examples/standalone_timm.py, run in a process that never imports compressor), and a
+MiniLM export read with transformers alone (examples/standalone_hf.py: encoder, tokenizer,
 mean-pool head and the stored temperature)."""
 
 import subprocess
@@ -49,9 +49,7 @@ def test_plain_timm_export_rebuilds_with_timm_alone(tmp_path):
         torch.testing.assert_close(y, pruned(x))
         save_file({"x": x, "y": y, "probs": probs.float()}, str(tmp_path / f"{shape}.safetensors"))
         data_cfg = dict(loaded.preprocessing)
-        snippet = (
-            (ROOT / "README.md").read_text().split("# standalone_timm.py", 1)[1].split("\n", 1)[1].split("```", 1)[0]
-        )
+        snippet = (ROOT / "examples" / "standalone_timm.py").read_text()  # the README's example
         snippet = snippet.replace('"runs/vit_prune/export"', repr(str(folder)))
         check = textwrap.dedent(f"""
             import sys
@@ -102,7 +100,7 @@ def test_minilm_export_reads_with_transformers_alone(tmp_path):
         probs = compressor.load(tmp_path / "exp")(ids).probs
     assert not torch.allclose(probs, pruned(ids).softmax(-1).double(), atol=1e-3), "the temperature must matter"
     save_file({"probs": probs.float()}, str(tmp_path / "expected.safetensors"))
-    snippet = (ROOT / "README.md").read_text().split("# standalone_hf.py", 1)[1].split("\n", 1)[1].split("```", 1)[0]
+    snippet = (ROOT / "examples" / "standalone_hf.py").read_text()  # the README's example
     snippet = snippet.replace('"runs/my_text/export"', repr(str(tmp_path / "exp")))
     check = textwrap.dedent(f"""
         import sys
