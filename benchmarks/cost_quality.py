@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import torch
-from text_table import AVERAGED, PRUNED, RECIPES, RESULTS, recipe, stem
+from text_table import AVERAGED, PRUNED, RECIPES, RESULTS, recipe, row_folder, stem
 
 # the Hydra rows whose architecture differs (rows of the same architecture share its latency)
 ARCHITECTURES = {
@@ -100,11 +100,10 @@ def models_to_time(task: str, runs: Path) -> dict[str, torch.nn.Module]:
     if raw["data"]["source"] == "text":
         models["mc_dropout"] = MCDropout(base, samples=4)
     calib = [b[0] for b in ctx.calibration()[0]]
-    folder_of = lambda name: runs / "seed0" / "".join(c if c.isalnum() else "_" for c in name)  # noqa: E731
     for name, mlp in ARCHITECTURES.items():
-        folder = folder_of(name)
+        folder = row_folder(runs / "seed0", name)
         if name == PRUNED and not (folder / "masks.json").is_file():
-            folder = folder_of(AVERAGED)  # the same head masks; the merge keeps a third of each MLP (1/M)
+            folder = row_folder(runs / "seed0", AVERAGED)  # the same head masks; the merge keeps 1/M of each MLP
         if not (folder / "masks.json").is_file():
             continue
         masks = load_masks(folder / "masks.json")

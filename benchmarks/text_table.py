@@ -105,8 +105,11 @@ def averaged_rows(steps: list[dict], trunks: tuple[int, ...]) -> dict[str, list[
     next(s for s in third if "prune" in s)["prune"]["keep_ratio"] = 0.3333
     rows = {AVERAGED: out, f"{AVERAGED}, tuned after the merge": after, f"{AVERAGED}, 1/3 of the heads": third}
     rows[f"{AVERAGED}, members tuned, then 50 steps after the merge"] = both
-    levers = {"bootstrap data per member": {"bootstrap": True}, "members tuned 2x longer": LONGER}
-    levers["last weights kept"] = LAST
+    levers = {
+        "bootstrap data per member": {"bootstrap": True},
+        "members tuned 2x longer": LONGER,
+        "last weights kept": LAST,
+    }
     for name, change in levers.items():
         rows[f"{AVERAGED}, {name}"] = copy.deepcopy(out)
         next(s for s in rows[f"{AVERAGED}, {name}"] if "finetune" in s)["finetune"].update(change)
@@ -218,6 +221,11 @@ def baseline_rows(raw: dict, seed: int, folder: Path) -> dict[str, dict]:
     return result | posthoc_rows(raw, folder, result["base"])
 
 
+def row_folder(seed_folder: Path, name: str) -> Path:
+    """Where a row of one seed runs (its masks.json is what cost_quality.py rebuilds from)."""
+    return seed_folder / "".join(c if c.isalnum() else "_" for c in name)
+
+
 def run_seed(
     task: str, seed: int, wanted: list[str], out: Path, quick: bool = False, baselines: bool = True
 ) -> dict[str, dict]:
@@ -242,14 +250,14 @@ def run_seed(
         if key in masks:  # the same prune step as an earlier row: its masks
             kept = {k: prune[k] for k in ("members", "mlp_keep_ratio") if k in prune}
             steps[0] = {"prune": {"pruner": "file", "path": str(masks[key]), **kept}}
-        row_folder = folder / "".join(c if c.isalnum() else "_" for c in name)
+        folder_of_row = row_folder(folder, name)
         t = time.time()
-        summary = run_row(raw, name, steps, row_folder, ["base"], resume=True)
-        masks.setdefault(key, row_folder / "masks.json")
+        summary = run_row(raw, name, steps, folder_of_row, ["base"], resume=True)
+        masks.setdefault(key, folder_of_row / "masks.json")
         model = next(m for m in summary if m != "base")
-        result[name] = {**summary[model], **per_set(row_folder, model), "minutes": (time.time() - t) / 60}
+        result[name] = {**summary[model], **per_set(folder_of_row, model), "minutes": (time.time() - t) / 60}
         if is_scored_by_features(steps):  # the same trained model under its Mahalanobis score
-            scored = with_means({**result[name], **per_set(row_folder, model, "mahalanobis")})
+            scored = with_means({**result[name], **per_set(folder_of_row, model, "mahalanobis")})
             result[f"{name} + Mahalanobis"] = scored
         print(f"{task} seed {seed}: {name} ({time.time() - t:.0f}s)", flush=True)
     if baselines:  # the same-score comparison of the rows scored by Mahalanobis too

@@ -65,7 +65,7 @@ def default_recipe_steps(**finetune: object) -> list[dict]:
 PACKED_SEPARATE = "packed, members trained one by one"
 PACKED_FUSED = "packed, trained as one fused model"
 PACKED_FUSED_BOOTSTRAP = "packed, trained as one fused model, bootstrap data per member"
-PACKED_FUSED_SHORT = "packed, trained as one fused model, 200 steps"
+PACKED_FUSED_SHORT = f"{PACKED_FUSED}, 200 steps"
 
 
 def digit_rows(ft: int) -> dict[str, tuple[str | None, list[dict]]]:
